@@ -37,3 +37,40 @@ def format_units(units: float) -> str:
     gib = units_to_gib(units)
     gib_text = f"{gib:.1f}" if gib >= 1 or gib == 0 else f"{gib:.2f}"
     return f"{count} {noun} = {gib_text} GiB"
+
+
+def bytes_to_units_exact(nbytes: int) -> float:
+    """`nbytes` as a fraction of units, for reports (a 0.5-unit reservation shows as 0.5)."""
+    if nbytes < 0:
+        raise ValueError("a byte count cannot be negative")
+    return nbytes / UNIT_BYTES
+
+
+def gib_to_bytes(gib: float) -> int:
+    if gib < 0:
+        raise ValueError("a size cannot be negative")
+    return int(gib * GIB)
+
+
+def device_capacity_units(memory_bytes: int) -> int:
+    """What a device offers to engines: its whole units of memory (a capacity, so floored)."""
+    return bytes_to_units_floor(memory_bytes)
+
+
+def gpu_memory_utilization(*, footprint_units: int, gpu_memory_bytes: int) -> float:
+    """vLLM's `--gpu-memory-utilization` for an engine holding `footprint_units` of a GPU.
+
+    vLLM takes a fraction of the card's total memory; rounded down to 4 decimals so the engine
+    never claims more than its units (a fraction rounded up could overlap a neighbour).
+    """
+    if gpu_memory_bytes <= 0:
+        raise ValueError("a GPU's memory must be positive")
+    if footprint_units <= 0:
+        raise ValueError("an engine's footprint must be at least one unit")
+    needed = units_to_bytes(footprint_units)
+    if needed > gpu_memory_bytes:
+        raise ValueError(
+            f"{format_units(footprint_units)} does not fit in a GPU of "
+            f"{gpu_memory_bytes / GIB:.1f} GiB"
+        )
+    return int(needed * 10_000 // gpu_memory_bytes) / 10_000
