@@ -6,8 +6,12 @@ The defaults run a fresh checkout: a SQLite file under var/ and a local Redis.
 from pathlib import Path
 
 import dj_database_url
+import django_stubs_ext
 
 from config.env import env_bool, env_float, env_int, env_list, env_str
+
+# Lets generic admin/serializer classes be subscripted at run time, as the type hints do.
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GPUSHARE_VAR_DIR", str(BASE_DIR / "var")))
@@ -28,6 +32,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "tenants",
     "scheduler",
     "workers",
@@ -124,13 +129,14 @@ CELERY_TIMEZONE = TIME_ZONE
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
+        "config.authentication.StaffBearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
-    "EXCEPTION_HANDLER": "tenants.errors.admin_exception_handler",
+    "EXCEPTION_HANDLER": "config.errors.admin_exception_handler",
 }
 
 SPECTACULAR_SETTINGS = {
@@ -142,6 +148,10 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Served from the sidecar package: the UI works with no internet access.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Tenants and keys -------------------------------------------------------------------

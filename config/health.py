@@ -1,0 +1,55 @@
+"""/healthz (the process is alive) and /readyz (its dependencies answer)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import redis
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_GET
+
+
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"status": "ok"})
+
+
+def _check_database() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+
+
+def _check_redis() -> None:
+    # A fresh short-timeout client: a pooled one could hang for its socket timeout.
+    timeout = settings.GPUSHARE_READY_TIMEOUT_S
+    client = redis.Redis.from_url(
+        settings.REDIS_URL, socket_timeout=timeout, socket_connect_timeout=timeout
+    )
+    try:
+        client.ping()
+    finally:
+        client.close()
+
+
+READINESS_CHECKS: dict[str, Callable[[], None]] = {
+    "database": _check_database,
+    "redis": _check_redis,
+}
+
+
+@require_GET
+def readyz(request: HttpRequest) -> JsonResponse:
+    checks: dict[str, dict[str, object]] = {}
+    for name, check in READINESS_CHECKS.items():
+        try:
+            check()
+        except Exception as exc:  # any failure means "not ready"; say which and why
+            checks[name] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        else:
+            checks[name] = {"ok": True}
+    ready = all(result["ok"] for result in checks.values())
+    failing = [name for name, result in checks.items() if not result["ok"]]
+    body = {"status": "ready" if ready else "not ready", "failing": failing, "checks": checks}
+    return JsonResponse(body, status=200 if ready else 503)

@@ -1,0 +1,97 @@
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+
+from scheduler.units import format_units
+from tenants.keys import new_key_material
+from tenants.models import ApiKey, Tenant
+
+
+class ApiKeyInline(admin.TabularInline[ApiKey, Tenant]):
+    model = ApiKey
+    extra = 0
+    fields = ("prefix", "name", "default_class", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = fields
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # keys are created on their own page, where the raw key is shown once
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin[Tenant]):
+    list_display = ("slug", "name", "is_active", "weight", "quota", "burst", "rpm_limit")
+    list_filter = ("is_active", "budget_period")
+    search_fields = ("slug", "name")
+    prepopulated_fields = {"slug": ("name",)}
+    readonly_fields = ("quota", "burst", "created_at", "updated_at")
+    inlines = (ApiKeyInline,)
+    fieldsets = (
+        (None, {"fields": ("name", "slug", "is_active")}),
+        (
+            "Fair share and memory",
+            {"fields": ("weight", "quota_units", "quota", "burst_units", "burst")},
+        ),
+        ("Access", {"fields": ("allowed_classes", "allowed_models")}),
+        ("Limits", {"fields": ("rpm_limit", "tpm_limit", "token_budget", "budget_period")}),
+        ("History", {"fields": ("created_at", "updated_at")}),
+    )
+
+    @admin.display(description="quota", ordering="quota_units")
+    def quota(self, tenant: Tenant) -> str:
+        return format_units(tenant.quota_units)
+
+    @admin.display(description="burst", ordering="burst_units")
+    def burst(self, tenant: Tenant) -> str:
+        return format_units(tenant.burst_units)
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
+    list_display = (
+        "prefix",
+        "name",
+        "tenant",
+        "default_class",
+        "created_at",
+        "last_used_at",
+        "revoked",
+    )
+    list_filter = ("default_class", ("revoked_at", admin.EmptyFieldListFilter), "tenant")
+    search_fields = ("prefix", "name", "tenant__slug", "tenant__name")
+    list_select_related = ("tenant",)
+    readonly_fields = ("prefix", "created_at", "last_used_at", "revoked_at")
+    fields = (
+        "tenant",
+        "name",
+        "default_class",
+        "prefix",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    )
+    actions = ("revoke_keys",)
+
+    @admin.display(boolean=True, description="revoked")
+    def revoked(self, api_key: ApiKey) -> bool:
+        return api_key.is_revoked
+
+    def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        if not change:
+            material = new_key_material()
+            obj.prefix, obj.hashed_key = material.prefix, material.hashed_key
+            messages.warning(
+                request,
+                f"New key for {obj.tenant.slug}: {material.raw_key} "
+                "— copy it now, it is not shown again.",
+            )
+        super().save_model(request, obj, form, change)
+
+    @admin.action(description="Revoke selected keys")
+    def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
+        count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        messages.success(request, f"Revoked {count} key(s).")

@@ -1,0 +1,143 @@
+"""Who uses the platform: tenants, their quotas and weights, and their API keys."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Q
+
+from scheduler.request_classes import REQUEST_CLASSES, RequestClass, unknown_classes
+from scheduler.units import format_units
+
+
+def _all_classes() -> list[str]:
+    return list(REQUEST_CLASSES)
+
+
+def _no_models() -> list[str]:
+    return []
+
+
+class BudgetPeriod(models.TextChoices):
+    DAY = "day", "day"
+    MONTH = "month", "month"
+
+
+class Tenant(models.Model):
+    """A team or customer. Its quota is GPU memory in 256 MiB units that it may hold at once."""
+
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    is_active = models.BooleanField(default=True)
+    weight = models.FloatField(
+        default=1.0, help_text="Share of contended capacity relative to other tenants (> 0)."
+    )
+    quota_units = models.PositiveIntegerField(
+        default=0,
+        help_text="Guaranteed GPU memory it may hold at once, in 256 MiB units.",
+    )
+    burst_units = models.PositiveIntegerField(
+        default=0,
+        help_text="Units it may borrow above its quota while others leave capacity idle.",
+    )
+    allowed_classes = models.JSONField(
+        default=_all_classes, help_text="Request classes its keys may use."
+    )
+    allowed_models = models.JSONField(
+        default=_no_models, blank=True, help_text="Served model names it may use; empty = all."
+    )
+    rpm_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests per minute; empty = unlimited."
+    )
+    tpm_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Tokens per minute; empty = unlimited."
+    )
+    token_budget = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Tokens per budget period, batch work included."
+    )
+    budget_period = models.CharField(
+        max_length=8, choices=BudgetPeriod.choices, default=BudgetPeriod.MONTH
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ("slug",)
+        constraints = (
+            models.CheckConstraint(condition=Q(weight__gt=0), name="tenant_weight_positive"),
+        )
+
+    def __str__(self) -> str:
+        return self.slug
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if self.weight is not None and self.weight <= 0:
+            errors["weight"] = f"Weight must be greater than 0, got {self.weight:g}."
+        errors.update(_list_errors("allowed_classes", self.allowed_classes))
+        errors.update(_list_errors("allowed_models", self.allowed_models))
+        if "allowed_classes" not in errors:
+            unknown = unknown_classes(self.allowed_classes)
+            if unknown:
+                errors["allowed_classes"] = (
+                    f"Unknown request class {', '.join(map(repr, unknown))}; "
+                    f"choose from {', '.join(REQUEST_CLASSES)}."
+                )
+            elif not self.allowed_classes:
+                errors["allowed_classes"] = "A tenant must be allowed at least one class."
+        if errors:
+            raise ValidationError(errors)
+
+    @property
+    def quota_display(self) -> str:
+        return format_units(self.quota_units)
+
+    @property
+    def burst_display(self) -> str:
+        return format_units(self.burst_units)
+
+    def allows_class(self, request_class: str) -> bool:
+        return request_class in self.allowed_classes
+
+    def allows_model(self, served_model_name: str) -> bool:
+        return not self.allowed_models or served_model_name in self.allowed_models
+
+
+def _list_errors(field: str, value: object) -> dict[str, str]:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        return {field: "Must be a list of names."}
+    return {}
+
+
+class ApiKey(models.Model):
+    """A tenant's credential for the OpenAI-compatible API. Only its SHA-256 is stored.
+
+    A key is 256 random bits, so a fast hash is enough: nobody can brute-force the preimage,
+    and a fast hash lets every request look its key up by an index.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(
+        max_length=16, help_text="The key's first characters, to recognise it; not a secret."
+    )
+    hashed_key = models.CharField(max_length=64, unique=True, editable=False)
+    default_class = models.CharField(
+        max_length=16,
+        choices=[(c.value, c.value) for c in RequestClass],
+        default=RequestClass.STANDARD.value,
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("tenant__slug", "-created_at")
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.name})"
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None

@@ -1,0 +1,37 @@
+"""Reads. Anything that belongs to a tenant is looked up through that tenant."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from config.errors import NotFound
+from tenants.models import ApiKey, Tenant
+
+
+def tenant_list(*, is_active: bool | None = None) -> QuerySet[Tenant]:
+    tenants = Tenant.objects.all()
+    if is_active is not None:
+        tenants = tenants.filter(is_active=is_active)
+    return tenants
+
+
+def tenant_get(*, slug: str) -> Tenant:
+    try:
+        return Tenant.objects.get(slug=slug)
+    except Tenant.DoesNotExist:
+        raise NotFound(f"No tenant '{slug}'.") from None
+
+
+def api_key_list(*, tenant: Tenant, include_revoked: bool = True) -> QuerySet[ApiKey]:
+    keys = ApiKey.objects.filter(tenant=tenant)
+    if not include_revoked:
+        keys = keys.filter(revoked_at__isnull=True)
+    return keys
+
+
+def api_key_get(*, tenant: Tenant, key_id: int) -> ApiKey:
+    """A key of this tenant. Another tenant's key id is 'not found', never revealed."""
+    try:
+        return ApiKey.objects.get(tenant=tenant, pk=key_id)
+    except ApiKey.DoesNotExist:
+        raise NotFound(f"No API key {key_id} for tenant '{tenant.slug}'.") from None

@@ -1,0 +1,142 @@
+"""Writes about tenants and keys. Keyword-only, validated, transactional."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from config.errors import InvalidApiKey
+from scheduler.request_classes import REQUEST_CLASSES, RequestClass
+from tenants.keys import hash_key, new_key_material
+from tenants.models import ApiKey, Tenant
+
+# Fields an operator may change with tenant_update; slug is the tenant's identity.
+TENANT_UPDATABLE_FIELDS = frozenset(
+    {
+        "name",
+        "is_active",
+        "weight",
+        "quota_units",
+        "burst_units",
+        "allowed_classes",
+        "allowed_models",
+        "rpm_limit",
+        "tpm_limit",
+        "token_budget",
+        "budget_period",
+    }
+)
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    """A key just created: the only moment its raw value exists outside the client."""
+
+    api_key: ApiKey
+    raw_key: str
+
+
+@transaction.atomic
+def tenant_create(
+    *,
+    slug: str,
+    name: str = "",
+    weight: float = 1.0,
+    quota_units: int = 0,
+    burst_units: int = 0,
+    allowed_classes: list[str] | None = None,
+    allowed_models: list[str] | None = None,
+    rpm_limit: int | None = None,
+    tpm_limit: int | None = None,
+    token_budget: int | None = None,
+    budget_period: str = "month",
+) -> Tenant:
+    tenant = Tenant(
+        slug=slug,
+        name=name or slug,
+        weight=weight,
+        quota_units=quota_units,
+        burst_units=burst_units,
+        allowed_classes=list(REQUEST_CLASSES) if allowed_classes is None else allowed_classes,
+        allowed_models=allowed_models or [],
+        rpm_limit=rpm_limit,
+        tpm_limit=tpm_limit,
+        token_budget=token_budget,
+        budget_period=budget_period,
+    )
+    tenant.full_clean()
+    tenant.save()
+    return tenant
+
+
+@transaction.atomic
+def tenant_update(*, tenant: Tenant, **changes: Any) -> Tenant:
+    unknown = set(changes) - TENANT_UPDATABLE_FIELDS
+    if unknown:
+        raise ValueError(f"Cannot update {', '.join(sorted(unknown))} of a tenant.")
+    for field, value in changes.items():
+        setattr(tenant, field, value)
+    tenant.full_clean()
+    tenant.save()
+    return tenant
+
+
+@transaction.atomic
+def api_key_create(
+    *, tenant: Tenant, name: str, default_class: str = RequestClass.STANDARD
+) -> IssuedKey:
+    material = new_key_material()
+    api_key = ApiKey(
+        tenant=tenant,
+        name=name,
+        prefix=material.prefix,
+        hashed_key=material.hashed_key,
+        default_class=default_class,
+    )
+    api_key.full_clean()
+    if not tenant.allows_class(default_class):
+        raise ValidationError(
+            {"default_class": f"Tenant '{tenant.slug}' may not use class '{default_class}'."}
+        )
+    api_key.save()
+    return IssuedKey(api_key=api_key, raw_key=material.raw_key)
+
+
+def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
+    """Revoke a key. Revoking twice keeps the first revocation time."""
+    if api_key.revoked_at is None:
+        api_key.revoked_at = timezone.now()
+        api_key.save(update_fields=["revoked_at"])
+    return api_key
+
+
+def api_key_authenticate(*, raw_key: str) -> ApiKey:
+    """The live key behind `raw_key`, with its tenant, or InvalidApiKey.
+
+    One message for unknown, revoked and inactive alike: a caller learns nothing about
+    which keys exist.
+    """
+    api_key = ApiKey.objects.select_related("tenant").filter(hashed_key=hash_key(raw_key)).first()
+    if api_key is None or api_key.is_revoked or not api_key.tenant.is_active:
+        raise InvalidApiKey("Incorrect API key provided, or the key has been revoked.")
+    _touch(api_key)
+    return api_key
+
+
+def _touch(api_key: ApiKey) -> None:
+    """Record use, at most once per interval, so the request path rarely writes."""
+    now = timezone.now()
+    stale = now - timedelta(seconds=settings.GPUSHARE_KEY_TOUCH_INTERVAL_S)
+    if api_key.last_used_at is not None and api_key.last_used_at > stale:
+        return
+    ApiKey.objects.filter(pk=api_key.pk).filter(
+        Q(last_used_at__isnull=True) | Q(last_used_at__lte=stale)
+    ).update(last_used_at=now)
+    api_key.last_used_at = now

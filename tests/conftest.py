@@ -1,0 +1,71 @@
+"""Fixtures shared by every suite: users, API clients, tenants and the real Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+from django.conf import settings
+from django.contrib.auth.models import User
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from tenants.models import Tenant
+from tenants.services import IssuedKey, api_key_create
+from tests.factories import TenantFactory
+
+
+@pytest.fixture
+def staff_user(db: None) -> User:
+    return User.objects.create_user("operator", "op@example.com", "pw-operator", is_staff=True)
+
+
+@pytest.fixture
+def staff_client(staff_user: User) -> APIClient:
+    client = APIClient()
+    token = Token.objects.create(user=staff_user)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+@pytest.fixture
+def owner(db: None) -> Tenant:
+    """The tenant under test. `teammate` shares it; `outsider` is another tenant."""
+    return TenantFactory(slug="acme", quota_units=8)
+
+
+@pytest.fixture
+def owner_key(owner: Tenant) -> IssuedKey:
+    return api_key_create(tenant=owner, name="owner")
+
+
+@pytest.fixture
+def teammate_key(owner: Tenant) -> IssuedKey:
+    return api_key_create(tenant=owner, name="teammate")
+
+
+@pytest.fixture
+def outsider(db: None) -> Tenant:
+    return TenantFactory(slug="globex", quota_units=4)
+
+
+@pytest.fixture
+def outsider_key(outsider: Tenant) -> IssuedKey:
+    return api_key_create(tenant=outsider, name="outsider")
+
+
+def bearer_client(issued: IssuedKey) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {issued.raw_key}")
+    return client
+
+
+@pytest.fixture
+def redis_db() -> Iterator[redis.Redis]:
+    """The real Redis at REDIS_URL, emptied before and after the test."""
+    client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()

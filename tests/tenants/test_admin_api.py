@@ -1,0 +1,117 @@
+import pytest
+from rest_framework.test import APIClient
+
+from tenants.models import ApiKey, Tenant
+from tests.conftest import bearer_client
+
+pytestmark = pytest.mark.django_db
+
+
+def test_staff_can_create_read_update_and_delete_a_tenant(staff_client):
+    created = staff_client.post(
+        "/api/v1/tenants/",
+        {"slug": "acme", "quota_units": 8, "weight": 2, "allowed_classes": ["standard"]},
+        format="json",
+    )
+    assert created.status_code == 201, created.content
+    assert created.json()["quota"] == "8 units = 2.0 GiB"
+    listed = staff_client.get("/api/v1/tenants/").json()
+    assert [t["slug"] for t in listed["results"]] == ["acme"]
+    patched = staff_client.patch("/api/v1/tenants/acme/", {"weight": 5}, format="json")
+    assert patched.json()["weight"] == 5
+    assert staff_client.delete("/api/v1/tenants/acme/").status_code == 204
+    assert not Tenant.objects.exists()
+
+
+def test_invalid_tenants_get_field_errors(staff_client):
+    response = staff_client.post(
+        "/api/v1/tenants/",
+        {"slug": "acme", "weight": 0, "allowed_classes": ["urgent"]},
+        format="json",
+    )
+    assert response.status_code == 400
+    body = response.json()
+    assert "Weight must be greater than 0" in body["weight"][0]
+    assert "Unknown request class 'urgent'" in body["allowed_classes"][0]
+
+
+def test_quota_can_be_read_and_changed(staff_client, owner):
+    response = staff_client.patch(
+        "/api/v1/tenants/acme/quota/", {"quota_units": 12, "burst_units": 4}, format="json"
+    )
+    assert response.status_code == 200
+    assert response.json()["quota"] == "12 units = 3.0 GiB"
+    owner.refresh_from_db()
+    assert (owner.quota_units, owner.burst_units) == (12, 4)
+    bad = staff_client.patch("/api/v1/tenants/acme/quota/", {"quota_units": -1}, format="json")
+    assert bad.status_code == 400
+
+
+def test_a_created_key_is_shown_once_and_then_only_its_prefix(staff_client, owner):
+    created = staff_client.post("/api/v1/tenants/acme/keys/", {"name": "ci"}, format="json")
+    assert created.status_code == 201
+    raw = created.json()["key"]
+    assert raw.startswith("gs-")
+    listed = staff_client.get("/api/v1/tenants/acme/keys/").json()["results"]
+    assert listed[0]["prefix"] == raw[:11]
+    assert "key" not in listed[0]
+    assert raw not in str(listed)
+
+
+def test_staff_revokes_a_key(staff_client, owner_key):
+    url = f"/api/v1/tenants/acme/keys/{owner_key.api_key.pk}/revoke/"
+    assert staff_client.post(url).json()["revoked"] is True
+    assert ApiKey.objects.get(pk=owner_key.api_key.pk).is_revoked
+
+
+def test_a_key_of_another_tenant_is_not_found_under_this_tenant(staff_client, owner, outsider_key):
+    # Every lookup goes through the tenant: an id from elsewhere does not exist here.
+    url = f"/api/v1/tenants/acme/keys/{outsider_key.api_key.pk}/"
+    assert staff_client.get(url).status_code == 404
+    assert staff_client.delete(url).status_code == 404
+    assert not ApiKey.objects.get(pk=outsider_key.api_key.pk).is_revoked
+
+
+def test_unknown_tenant_is_404(staff_client):
+    assert staff_client.get("/api/v1/tenants/nobody/").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("get", "/api/v1/tenants/acme/"),
+        ("patch", "/api/v1/tenants/acme/quota/"),
+        ("get", "/api/v1/tenants/acme/keys/"),
+        ("post", "/api/v1/tenants/acme/keys/"),
+        ("delete", "/api/v1/tenants/acme/"),
+    ],
+)
+def test_a_tenant_key_cannot_read_or_change_anything_in_the_admin_api(
+    method, path, owner, outsider_key
+):
+    client = bearer_client(outsider_key)
+    response = getattr(client, method)(path, {"quota_units": 999}, format="json")
+    assert response.status_code in (401, 403)
+    owner.refresh_from_db()
+    assert owner.quota_units == 8
+    assert Tenant.objects.filter(slug="acme").exists()
+
+
+def test_a_non_staff_user_is_refused(db, owner):
+    from django.contrib.auth.models import User
+
+    user = User.objects.create_user("tenant-user", password="pw")
+    client = APIClient()
+    client.force_authenticate(user)
+    assert client.get("/api/v1/tenants/").status_code == 403
+
+
+def test_the_schema_documents_the_admin_api(client):
+    response = client.get("/api/schema/", HTTP_ACCEPT="application/json")
+    assert response.status_code == 200
+    paths = response.json()["paths"]
+    assert "/api/v1/tenants/{slug}/quota/" in paths
+    assert "/api/v1/tenants/{slug}/keys/{key_id}/revoke/" in paths
+    docs = client.get("/api/docs/")
+    assert docs.status_code == 200
+    assert b"swagger" in docs.content.lower()
