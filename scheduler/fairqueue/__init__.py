@@ -1,0 +1,33 @@
+"""The fair queue: hierarchical weighted fair queueing and memory admission in Redis.
+
+Plain Python (no Django). `FairQueue` (queue.py) is the API; `keys.py` names every Redis
+key; `lua/` holds the atomic steps; `model.py` is a pure reference of the pick rule.
+"""
+
+from scheduler.fairqueue.domain import (
+    CheckReport,
+    EnginePolicy,
+    FairQueueConfig,
+    Job,
+    JobRejected,
+    JobState,
+    QueueRow,
+    Snapshot,
+    TenantPolicy,
+    config_from_settings,
+)
+from scheduler.fairqueue.queue import FairQueue
+
+__all__ = [
+    "CheckReport",
+    "EnginePolicy",
+    "FairQueue",
+    "FairQueueConfig",
+    "Job",
+    "JobRejected",
+    "JobState",
+    "QueueRow",
+    "Snapshot",
+    "TenantPolicy",
+    "config_from_settings",
+]

@@ -1,0 +1,185 @@
+"""The fair queue's records: jobs, policies, configuration, reports. Plain Python."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.request_classes import REQUEST_CLASSES, RequestClass
+
+DEFAULT_CLASS_WEIGHTS: dict[str, float] = {
+    RequestClass.INTERACTIVE: 8.0,
+    RequestClass.STANDARD: 3.0,
+    RequestClass.OFFLINE: 1.0,
+}
+DEFAULT_QUEUE_TIMEOUTS_S: dict[str, float] = {
+    RequestClass.INTERACTIVE: 30.0,
+    RequestClass.STANDARD: 300.0,
+    RequestClass.OFFLINE: 24 * 3600.0,
+}
+
+
+class JobState:
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True)
+class TenantPolicy:
+    """What the scheduler needs of a tenant; amounts are bytes (1 unit = 256 MiB)."""
+
+    weight: float
+    quota_bytes: int
+    burst_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.weight <= 0:
+            raise ValueError("a tenant's weight must be positive")
+        if self.quota_bytes < 0 or self.burst_bytes < 0:
+            raise ValueError("quota and burst cannot be negative")
+
+
+@dataclass(frozen=True)
+class EnginePolicy:
+    """One engine as admission sees it. `load` is 0..1 (see DESIGN.md, Load)."""
+
+    engine_id: str
+    pool: str
+    kv_budget_bytes: int
+    max_num_seqs: int
+    offline_load_threshold: float = 0.4
+    load: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kv_budget_bytes < 0 or self.max_num_seqs < 0:
+            raise ValueError("an engine's KV budget and max_num_seqs cannot be negative")
+
+
+@dataclass(frozen=True)
+class FairQueueConfig:
+    class_weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_CLASS_WEIGHTS))
+    queue_timeouts_s: Mapping[str, float] = field(
+        default_factory=lambda: dict(DEFAULT_QUEUE_TIMEOUTS_S)
+    )
+    # Short leases renewed by the worker while it streams: a dead worker's job comes back soon.
+    lease_s: float = 120.0
+    # How long a finished job's record and its event list stay readable (idempotent release,
+    # a late waiter, the result of a duplicate run).
+    keep_s: int = 24 * 3600
+    prefix: str = "gs:fq:"
+
+    def __post_init__(self) -> None:
+        for name in REQUEST_CLASSES:
+            if self.class_weights.get(name, 0) <= 0:
+                raise ValueError(f"class weight of {name} must be positive")
+            if self.queue_timeouts_s.get(name, 0) <= 0:
+                raise ValueError(f"queue timeout of {name} must be positive")
+
+    def weight_args(self) -> list[float]:
+        return [float(self.class_weights[name]) for name in REQUEST_CLASSES]
+
+    def timeout_args(self) -> list[float]:
+        return [float(self.queue_timeouts_s[name]) for name in REQUEST_CLASSES]
+
+
+def config_from_settings(settings: Any) -> FairQueueConfig:
+    """Builds the config from Django settings (duck-typed: this package imports no Django)."""
+    weights = list(getattr(settings, "GPUSHARE_SCHED_CLASS_WEIGHTS", []))
+    timeouts = getattr(settings, "GPUSHARE_SCHED_QUEUE_TIMEOUTS_S", DEFAULT_QUEUE_TIMEOUTS_S)
+    return FairQueueConfig(
+        class_weights=dict(zip(REQUEST_CLASSES, map(float, weights), strict=True))
+        if weights
+        else dict(DEFAULT_CLASS_WEIGHTS),
+        queue_timeouts_s=dict(timeouts),
+        lease_s=float(getattr(settings, "GPUSHARE_SCHED_LEASE_S", 120.0)),
+        keep_s=int(getattr(settings, "GPUSHARE_SCHED_KEEP_S", 24 * 3600)),
+        prefix=str(getattr(settings, "GPUSHARE_SCHED_KEY_PREFIX", "gs:fq:")),
+    )
+
+
+class JobRejected(Exception):
+    """The job can never run as asked; `reason` is a stable code for the API to map."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: str
+    tenant: str
+    pool: str
+    request_class: str
+    prompt_tokens: int
+    max_tokens: int
+    kv_bytes: int
+    payload: str = ""
+    state: str = JobState.QUEUED
+    enqueued_at: float = 0.0
+    deadline: float = 0.0
+    engine_id: str = ""
+    attempt: int = 0
+    lease_deadline: float | None = None
+    charged: float = 0.0
+    reason: str = ""
+
+    @classmethod
+    def from_hash(cls, job_id: str, fields: Mapping[str, str]) -> "Job":
+        lease = fields.get("lease_deadline", "")
+        return cls(
+            job_id=job_id,
+            tenant=fields["tenant"],
+            pool=fields["pool"],
+            request_class=fields["cls"],
+            prompt_tokens=int(fields["prompt_tokens"]),
+            max_tokens=int(fields["max_tokens"]),
+            kv_bytes=int(fields["kv_bytes"]),
+            payload=fields.get("payload", ""),
+            state=fields["state"],
+            enqueued_at=float(fields.get("enqueued_at", 0)),
+            deadline=float(fields.get("deadline", 0)),
+            engine_id=fields.get("engine", ""),
+            attempt=int(fields.get("attempt", 0)),
+            lease_deadline=float(lease) if lease else None,
+            charged=float(fields.get("charged", 0)),
+            reason=fields.get("reason", ""),
+        )
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Reserved totals against what the in-flight jobs hold; `problems` empty = no drift."""
+
+    tenant_reserved: dict[str, tuple[int, int]]  # tenant -> (recorded, expected) bytes
+    engine_reserved: dict[str, tuple[int, int, int, int]]  # bytes and jobs, recorded/expected
+    problems: list[str]
+    repaired: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One line of the status: a tenant's jobs in one pool and class."""
+
+    pool: str
+    request_class: str
+    tenant: str
+    waiting: int
+    running: int
+    oldest_wait_s: float | None
+    counter: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    queues: list[QueueRow]
+    tenant_reserved_bytes: dict[str, int]
+    engine_reserved_bytes: dict[str, int]
+    engine_inflight: dict[str, int]

@@ -1,0 +1,105 @@
+"""Every Redis key the fair queue uses, named in one place.
+
+The Lua scripts build the same names from the same prefix (see `lua/lib.lua`, whose key
+functions mirror these one for one; `tests/scheduler/test_fairqueue_keys.py` checks that
+they agree). One Redis instance is assumed: scripts touch keys they derive at run time.
+
+Layout (prefix defaults to ``gs:fq:``):
+
+=====================================  =======  ===================================================
+key                                    type     holds
+=====================================  =======  ===================================================
+``job:{job_id}``                       hash     the job: tenant, pool, class, tokens, kv bytes,
+                                                state, deadline, engine, attempt, lease, charge
+``job:{job_id}:events``                list     what happened to the job, JSON, for the waiter
+                                                (BLPOP): picked, requeued, expired, cancelled,
+                                                and whatever the worker publishes (chunks, done)
+``q:{pool}:{class}:{tenant}``          list     the tenant's waiting job ids, head = left
+``backlog:{pool}:{class}``             zset     backlogged tenants scored by their VTC counter
+``vtc:{pool}:{class}``                 hash     every tenant's VTC counter (also when idle)
+``vtcfloor:{pool}:{class}``            string   counter of the last tenant that left the backlog,
+                                                the lift target when the backlog is empty
+``cvt:{pool}``                         hash     class virtual time per class (stride scheduling)
+``tenant:{tenant}``                    hash     policy: weight, quota_bytes, burst_bytes
+``tenant:{tenant}:use``                hash     reserved (bytes held by in-flight jobs)
+``tenants``                            set      tenants that have a policy
+``engine:{engine_id}``                 hash     policy: pool, kv_budget_bytes, max_num_seqs,
+                                                offline_load_threshold, load
+``engine:{engine_id}:use``             hash     reserved (bytes), inflight (jobs)
+``engines``                            set      engines that have a policy
+``pool:{pool}:engines``                set      engines serving the pool
+``pools``                              set      pools that ever had a job or an engine
+``inflight``                           zset     running job ids scored by lease deadline
+``waiting``                            zset     queued job ids scored by queue deadline
+=====================================  =======  ===================================================
+
+Tenant, engine and job ids must not contain ``:``; a pool name may (it is never the last
+segment of a key, so names stay unambiguous).
+"""
+
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "gs:fq:"
+
+
+def check_id(kind: str, value: str) -> str:
+    """Refuse ids that would make key names ambiguous or empty."""
+    if not value or ":" in value or any(ch.isspace() for ch in value):
+        raise ValueError(f"{kind} id must be non-empty, without ':' or spaces: {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = DEFAULT_PREFIX
+
+    def job(self, job_id: str) -> str:
+        return f"{self.prefix}job:{job_id}"
+
+    def events(self, job_id: str) -> str:
+        return f"{self.prefix}job:{job_id}:events"
+
+    def queue(self, pool: str, request_class: str, tenant: str) -> str:
+        return f"{self.prefix}q:{pool}:{request_class}:{tenant}"
+
+    def backlog(self, pool: str, request_class: str) -> str:
+        return f"{self.prefix}backlog:{pool}:{request_class}"
+
+    def counters(self, pool: str, request_class: str) -> str:
+        return f"{self.prefix}vtc:{pool}:{request_class}"
+
+    def counter_floor(self, pool: str, request_class: str) -> str:
+        return f"{self.prefix}vtcfloor:{pool}:{request_class}"
+
+    def class_clock(self, pool: str) -> str:
+        return f"{self.prefix}cvt:{pool}"
+
+    def tenant(self, tenant: str) -> str:
+        return f"{self.prefix}tenant:{tenant}"
+
+    def tenant_usage(self, tenant: str) -> str:
+        return f"{self.prefix}tenant:{tenant}:use"
+
+    def tenants(self) -> str:
+        return f"{self.prefix}tenants"
+
+    def engine(self, engine_id: str) -> str:
+        return f"{self.prefix}engine:{engine_id}"
+
+    def engine_usage(self, engine_id: str) -> str:
+        return f"{self.prefix}engine:{engine_id}:use"
+
+    def engines(self) -> str:
+        return f"{self.prefix}engines"
+
+    def pool_engines(self, pool: str) -> str:
+        return f"{self.prefix}pool:{pool}:engines"
+
+    def pools(self) -> str:
+        return f"{self.prefix}pools"
+
+    def inflight(self) -> str:
+        return f"{self.prefix}inflight"
+
+    def waiting(self) -> str:
+        return f"{self.prefix}waiting"

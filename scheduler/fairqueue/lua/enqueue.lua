@@ -1,0 +1,41 @@
+-- Enqueue one job at the tail of its tenant's queue, or reject what can never run.
+-- ARGV[4..]: job_id, tenant, pool, class, prompt_tokens, max_tokens, kv_bytes, deadline, payload
+-- Returns {'ok'} or {'rejected', reason, detail}.
+local job_id, tenant, pool, cls = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local prompt_tokens, max_tokens = tonumber(ARGV[8]), tonumber(ARGV[9])
+local kv_bytes, deadline, payload = tonumber(ARGV[10]), tonumber(ARGV[11]), ARGV[12]
+
+if redis.call('EXISTS', k_job(job_id)) == 1 then
+  return {'rejected', 'duplicate_job', 'a job with this id already exists'}
+end
+local policy = redis.call('HMGET', k_tenant(tenant), 'quota_bytes', 'burst_bytes')
+if not policy[1] then
+  return {'rejected', 'unknown_tenant', 'the scheduler has no policy for tenant ' .. tenant}
+end
+local engines = redis.call('SMEMBERS', k_pool_engines(pool))
+if #engines == 0 then
+  return {'rejected', 'no_engine', 'no engine serves pool ' .. pool}
+end
+local largest = 0
+for _, engine_id in ipairs(engines) do
+  local budget = num(redis.call('HGET', k_engine(engine_id), 'kv_budget_bytes'))
+  if budget > largest then largest = budget end
+end
+if kv_bytes > largest then
+  return {'rejected', 'larger_than_engine', string.format(
+    'needs %d KV bytes; the largest engine of pool %s has %d', kv_bytes, pool, largest)}
+end
+local ceiling = num(policy[1]) + num(policy[2])
+if kv_bytes > ceiling then
+  return {'rejected', 'larger_than_quota', string.format(
+    'needs %d KV bytes; tenant %s may hold at most %d (quota + burst)', kv_bytes, tenant, ceiling)}
+end
+
+redis.call('HSET', k_job(job_id), 'tenant', tenant, 'pool', pool, 'cls', cls,
+  'prompt_tokens', int(prompt_tokens), 'max_tokens', int(max_tokens), 'kv_bytes', int(kv_bytes),
+  'payload', payload, 'state', 'queued', 'enqueued_at', fmt(NOW), 'deadline', fmt(deadline),
+  'attempt', '0', 'charged', '0', 'reserved', '0')
+redis.call('ZADD', k_waiting(), fmt(deadline), job_id)
+redis.call('SADD', k_pools(), pool)
+queue_job(job_id, pool, cls, tenant, false)
+return {'ok'}

@@ -1,0 +1,360 @@
+"""`FairQueue`: the scheduler's Python API over Redis.
+
+Every operation that changes who runs next (enqueue, pick, release, cancel, requeue, reap,
+expire, renew) is one Lua script: `lua/lib.lua` (shared helpers) followed by the script's
+own file, registered once per client and called by SHA (redis-py's `Script` falls back to
+EVAL-and-load when Redis answers NOSCRIPT, e.g. after a restart). Times are passed in as
+`now` (seconds, default `time.time()`), so tests can drive the clock.
+
+Pick rule (details in `lua/pick.lua`, pure reference in `model.py`):
+- classes: stride scheduling on a class virtual time per pool; the chosen class advances by
+  1/class_weight, classes with nothing admissible are lifted to the chosen one's time so they
+  do not bank credit; offline is skipped while the engine's load >= offline_load_threshold.
+- tenants in a class: least VTC counter first among backlogged tenants whose head job is
+  admissible. At pick the counter is charged the estimate (prompt + 2 x max_tokens)/weight:
+  an upper bound, so a tenant cannot grab many dispatches while its earlier jobs are still
+  running and uncharged; release replaces it with (prompt + 2 x completion)/weight.
+  A tenant that becomes backlogged is lifted to the least backlogged counter (or, when none
+  is backlogged, to the counter of the last tenant that left), so idle time is not credit.
+- admission: cost <= engine free KV bytes; engine in-flight < max_num_seqs; tenant reserved
+  + cost <= quota, or <= quota + burst while the engine has idle capacity: no waiting job
+  of the pool (in a class open on this engine) that this engine could run within its
+  tenant's quota. Borrowed burst is not pre-empted; it returns when the job ends.
+
+Waiter notification: each job has an event list (`Keys.events`). The scheduler appends
+JSON events ``picked``, ``requeued``, ``expired`` (reason ``queue_timeout``) and
+``cancelled``; the worker appends its own through `publish` (chunks, ``done``, ``error``).
+The waiting view reads them in order with `wait_event` (BLPOP), so nothing is lost between
+subscribe and publish as it could be with pub/sub.
+"""
+
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+
+from scheduler.fairqueue.domain import (
+    CheckReport,
+    EnginePolicy,
+    FairQueueConfig,
+    Job,
+    JobRejected,
+    QueueRow,
+    Snapshot,
+    TenantPolicy,
+)
+from scheduler.fairqueue.keys import Keys, check_id
+from scheduler.request_classes import REQUEST_CLASSES
+
+LUA_DIR = Path(__file__).with_name("lua")
+# One per decision; each file in lua/ runs after lib.lua as one atomic script.
+SCRIPT_NAMES: tuple[str, ...] = (
+    *("enqueue", "pick", "release", "cancel", "requeue"),
+    *("reap", "expire", "renew", "check"),
+)
+
+
+@cache
+def script_source(name: str) -> str:
+    return (LUA_DIR / "lib.lua").read_text() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _pairs(flat: list[Any]) -> dict[str, str]:
+    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+class FairQueue:
+    def __init__(self, client: redis.Redis, config: FairQueueConfig | None = None) -> None:
+        self.redis = client
+        self.config = config or FairQueueConfig()
+        self.keys = Keys(self.config.prefix)
+        self._scripts: dict[str, Script] = {
+            name: client.register_script(script_source(name)) for name in SCRIPT_NAMES
+        }
+
+    # --- policies (written by the platform from its database) ----------------------------
+
+    def set_tenant_policy(self, tenant: str, policy: TenantPolicy) -> None:
+        check_id("tenant", tenant)
+        pipe = self.redis.pipeline()
+        pipe.hset(
+            self.keys.tenant(tenant),
+            mapping={
+                "weight": repr(float(policy.weight)),
+                "quota_bytes": policy.quota_bytes,
+                "burst_bytes": policy.burst_bytes,
+            },
+        )
+        pipe.sadd(self.keys.tenants(), tenant)
+        pipe.execute()
+
+    def set_engine_policy(self, policy: EnginePolicy) -> None:
+        check_id("engine", policy.engine_id)
+        previous = self.redis.hget(self.keys.engine(policy.engine_id), "pool")
+        pipe = self.redis.pipeline()
+        if previous is not None and _text(previous) != policy.pool:
+            pipe.srem(self.keys.pool_engines(_text(previous)), policy.engine_id)
+        pipe.hset(
+            self.keys.engine(policy.engine_id),
+            mapping={
+                "pool": policy.pool,
+                "kv_budget_bytes": policy.kv_budget_bytes,
+                "max_num_seqs": policy.max_num_seqs,
+                "offline_load_threshold": repr(float(policy.offline_load_threshold)),
+                "load": repr(float(policy.load)),
+            },
+        )
+        pipe.sadd(self.keys.engines(), policy.engine_id)
+        pipe.sadd(self.keys.pool_engines(policy.pool), policy.engine_id)
+        pipe.sadd(self.keys.pools(), policy.pool)
+        pipe.execute()
+
+    def set_engine_load(self, engine_id: str, load: float) -> None:
+        self.redis.hset(self.keys.engine(engine_id), "load", repr(float(load)))
+
+    def remove_engine(self, engine_id: str) -> None:
+        """No new picks for the engine; its in-flight jobs still release normally."""
+        pool = self.redis.hget(self.keys.engine(engine_id), "pool")
+        pipe = self.redis.pipeline()
+        if pool is not None:
+            pipe.srem(self.keys.pool_engines(_text(pool)), engine_id)
+        pipe.delete(self.keys.engine(engine_id))
+        pipe.execute()
+
+    # --- the decisions --------------------------------------------------------------------
+
+    def _run(self, name: str, *args: Any, now: float | None = None) -> Any:
+        moment = time.time() if now is None else now
+        head: list[str | int] = [self.config.prefix, repr(float(moment)), self.config.keep_s]
+        return self._scripts[name](keys=[], args=[*head, *args])
+
+    def enqueue(
+        self,
+        *,
+        tenant: str,
+        pool: str,
+        request_class: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        kv_bytes: int,
+        payload: str = "",
+        job_id: str | None = None,
+        now: float | None = None,
+    ) -> Job:
+        """Queues a job at the tail of its tenant's queue; raises JobRejected when it can
+        never run (larger than every engine of the pool or than the tenant's quota + burst,
+        unknown tenant, no engine, duplicate id)."""
+        if request_class not in REQUEST_CLASSES:
+            raise JobRejected("unknown_class", f"unknown request class {request_class!r}")
+        if min(prompt_tokens, max_tokens, kv_bytes) < 0:
+            raise ValueError("token counts and KV bytes cannot be negative")
+        job_id = check_id("job", job_id or uuid.uuid4().hex)
+        check_id("tenant", tenant)
+        moment = time.time() if now is None else now
+        deadline = moment + self.config.queue_timeouts_s[request_class]
+        answer = self._run(
+            "enqueue",
+            job_id,
+            tenant,
+            pool,
+            request_class,
+            prompt_tokens,
+            max_tokens,
+            kv_bytes,
+            repr(deadline),
+            payload,
+            now=moment,
+        )
+        status = [_text(part) for part in answer]
+        if status[0] != "ok":
+            raise JobRejected(status[1], status[2])
+        return Job(
+            job_id=job_id,
+            tenant=tenant,
+            pool=pool,
+            request_class=request_class,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            kv_bytes=kv_bytes,
+            payload=payload,
+            enqueued_at=moment,
+            deadline=deadline,
+        )
+
+    def pick(self, pool: str, engine_id: str, now: float | None = None) -> Job | None:
+        """The fairest admissible job of `pool` for `engine_id`, reserved and leased to the
+        caller, or None when nothing may run there now."""
+        answer = self._run(
+            "pick",
+            engine_id,
+            pool,
+            repr(float(self.config.lease_s)),
+            *map(repr, self.config.weight_args()),
+            now=now,
+        )
+        if not answer:
+            return None
+        fields = _pairs(answer)
+        return Job.from_hash(fields["job_id"], fields)
+
+    def release(
+        self,
+        job_id: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        attempt: int | None = None,
+        now: float | None = None,
+    ) -> bool:
+        """The job ended: frees its reservation and charges the real tokens. Idempotent:
+        False (and nothing changed) when the job is not running, or not as `attempt`."""
+        stamp = "" if attempt is None else str(attempt)
+        answer = self._run("release", job_id, prompt_tokens, completion_tokens, stamp, now=now)
+        return bool(answer)
+
+    def renew_lease(self, job_id: str, attempt: int, now: float | None = None) -> bool:
+        """Extends the lease; False means the job is no longer the caller's: stop running it."""
+        lease = repr(float(self.config.lease_s))
+        return bool(self._run("renew", job_id, str(attempt), lease, now=now))
+
+    def cancel(self, job_id: str, reason: str = "cancelled", now: float | None = None) -> str:
+        """Cancels a queued or running job; returns the state it was in, '' if neither."""
+        return _text(self._run("cancel", job_id, reason, now=now))
+
+    def requeue(
+        self,
+        job_id: str,
+        *,
+        attempt: int | None = None,
+        reason: str = "requeued",
+        now: float | None = None,
+    ) -> bool:
+        """Gives a running job back to the head of its queue (e.g. its engine went away)."""
+        stamp = "" if attempt is None else str(attempt)
+        timeouts = map(repr, self.config.timeout_args())
+        return bool(self._run("requeue", job_id, stamp, reason, *timeouts, now=now))
+
+    def reap_expired_leases(self, now: float | None = None, limit: int = 100) -> list[str]:
+        timeouts = map(repr, self.config.timeout_args())
+        return [_text(job_id) for job_id in self._run("reap", limit, *timeouts, now=now)]
+
+    def expire_waiting(self, now: float | None = None, limit: int = 100) -> list[str]:
+        return [_text(job_id) for job_id in self._run("expire", limit, now=now)]
+
+    # --- the waiter's channel ---------------------------------------------------------------
+
+    def publish(self, job_id: str, event: Mapping[str, Any]) -> None:
+        """Appends an event (JSON) to the job's event list, for its waiter."""
+        key = self.keys.events(job_id)
+        pipe = self.redis.pipeline()
+        pipe.rpush(key, json.dumps(dict(event)))
+        pipe.expire(key, self.config.keep_s)
+        pipe.execute()
+
+    def wait_event(self, job_id: str, timeout_s: float) -> dict[str, Any] | None:
+        """The job's next event, waiting up to `timeout_s`; None when none came."""
+        answer = self.redis.blpop([self.keys.events(job_id)], timeout=timeout_s)
+        if answer is None:
+            return None
+        event: dict[str, Any] = json.loads(_text(answer[1]))
+        return event
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def _hash(self, key: str) -> dict[str, str]:
+        return {_text(k): _text(v) for k, v in self.redis.hgetall(key).items()}
+
+    def get_job(self, job_id: str) -> Job | None:
+        fields = self._hash(self.keys.job(job_id))
+        return Job.from_hash(job_id, fields) if fields else None
+
+    def check(self, repair: bool = False) -> CheckReport:
+        raw = json.loads(_text(self._run("check", "1" if repair else "0")))
+        # cjson encodes an empty Lua table as an object, so an empty list may arrive as {}.
+        problems = list(raw["problems"]) if isinstance(raw["problems"], list) else []
+        tenants = raw["tenants"] if isinstance(raw["tenants"], dict) else {}
+        engines = raw["engines"] if isinstance(raw["engines"], dict) else {}
+        return CheckReport(
+            tenant_reserved={t: (int(v[0]), int(v[1])) for t, v in tenants.items()},
+            engine_reserved={
+                e: (int(v[0]), int(v[1]), int(v[2]), int(v[3])) for e, v in engines.items()
+            },
+            problems=problems,
+            repaired=repair and bool(problems),
+        )
+
+    def snapshot(self, now: float | None = None) -> Snapshot:
+        """Queues per pool, class and tenant, and reservations. Read without a lock: for
+        people and dashboards, not for decisions."""
+        moment = time.time() if now is None else now
+        running = self._running_counts()
+        rows: list[QueueRow] = []
+        for pool in sorted(_text(p) for p in self.redis.smembers(self.keys.pools())):
+            for request_class in REQUEST_CLASSES:
+                rows.extend(self._queue_rows(pool, request_class, running, moment))
+        tenants = sorted(_text(t) for t in self.redis.smembers(self.keys.tenants()))
+        engines = sorted(_text(e) for e in self.redis.smembers(self.keys.engines()))
+        engine_use = [self._hash(self.keys.engine_usage(e)) for e in engines]
+        return Snapshot(
+            queues=rows,
+            tenant_reserved_bytes={
+                t: int(self.redis.hget(self.keys.tenant_usage(t), "reserved") or 0) for t in tenants
+            },
+            engine_reserved_bytes={
+                e: int(use.get("reserved", 0)) for e, use in zip(engines, engine_use, strict=True)
+            },
+            engine_inflight={
+                e: int(use.get("inflight", 0)) for e, use in zip(engines, engine_use, strict=True)
+            },
+        )
+
+    def _running_counts(self) -> dict[tuple[str, str, str], int]:
+        counts: dict[tuple[str, str, str], int] = {}
+        for job_id in self.redis.zrange(self.keys.inflight(), 0, -1):
+            fields = self.redis.hmget(self.keys.job(_text(job_id)), ["pool", "cls", "tenant"])
+            if None not in fields:
+                key = (_text(fields[0]), _text(fields[1]), _text(fields[2]))
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def _queue_rows(
+        self,
+        pool: str,
+        request_class: str,
+        running: Mapping[tuple[str, str, str], int],
+        now: float,
+    ) -> list[QueueRow]:
+        counters = {
+            t: float(c) for t, c in self._hash(self.keys.counters(pool, request_class)).items()
+        }
+        rows = []
+        for tenant, counter in sorted(counters.items()):
+            queue = self.keys.queue(pool, request_class, tenant)
+            waiting = int(self.redis.llen(queue))
+            head = self.redis.lindex(queue, 0)
+            oldest = None
+            if head is not None:
+                enqueued = self.redis.hget(self.keys.job(_text(head)), "enqueued_at")
+                oldest = now - float(enqueued) if enqueued is not None else None
+            rows.append(
+                QueueRow(
+                    pool=pool,
+                    request_class=request_class,
+                    tenant=tenant,
+                    waiting=waiting,
+                    running=running.get((pool, request_class, tenant), 0),
+                    oldest_wait_s=oldest,
+                    counter=counter,
+                )
+            )
+        return rows
