@@ -169,3 +169,20 @@ GPUSHARE_READY_TIMEOUT_S = env_float("GPUSHARE_READY_TIMEOUT_S", 2.0)
 # --- Engines (issue 3) ------------------------------------------------------------------
 
 # --- Scheduler (issue 4) ----------------------------------------------------------------
+# Dispatch shares between the request classes, in the order interactive, standard, offline:
+# weighted, never strict priority, so no class starves.
+GPUSHARE_SCHED_CLASS_WEIGHTS = [
+    float(w) for w in env_list("GPUSHARE_SCHED_CLASS_WEIGHTS", ["8", "3", "1"])
+]
+# How long a request may wait in the queue before it is answered with a timeout error;
+# offline's is the batch window.
+GPUSHARE_SCHED_QUEUE_TIMEOUTS_S = {
+    "interactive": env_float("GPUSHARE_SCHED_TIMEOUT_INTERACTIVE_S", 30.0),
+    "standard": env_float("GPUSHARE_SCHED_TIMEOUT_STANDARD_S", 300.0),
+    "offline": env_float("GPUSHARE_SCHED_TIMEOUT_OFFLINE_S", 24 * 3600.0),
+}
+# A picked job's lease; the worker renews it while it streams, the reaper requeues it after.
+GPUSHARE_SCHED_LEASE_S = env_float("GPUSHARE_SCHED_LEASE_S", 120.0)
+# How long a finished job's record and event list stay in Redis.
+GPUSHARE_SCHED_KEEP_S = env_int("GPUSHARE_SCHED_KEEP_S", 24 * 3600)
+GPUSHARE_SCHED_KEY_PREFIX = env_str("GPUSHARE_SCHED_KEY_PREFIX", "gs:fq:")
