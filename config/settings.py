@@ -40,6 +40,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Serves the admin and API-docs assets from the web process: no separate static server.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -167,6 +169,31 @@ GPUSHARE_UNIT_BYTES = 256 * 1024 * 1024
 GPUSHARE_READY_TIMEOUT_S = env_float("GPUSHARE_READY_TIMEOUT_S", 2.0)
 
 # --- Engines (issue 3) ------------------------------------------------------------------
+# This node's name: devices are recorded per node and an engine is started on its device's
+# node. Empty: the host name.
+GPUSHARE_NODE_NAME = env_str("GPUSHARE_NODE_NAME", "")
+# vLLM lives in its own virtual environment (scripts/setup_vllm.sh builds it under the cache
+# folder). Empty: use the newest complete one there.
+GPUSHARE_CACHE_DIR = Path(
+    env_str("GPUSHARE_CACHE_DIR", str(Path.home() / ".cache" / "gpushare"))
+).expanduser()
+GPUSHARE_VLLM_PYTHON = env_str("GPUSHARE_VLLM_PYTHON", "")
+# Without an NVIDIA GPU the CPU engine stands in for one; its capacity is this KV space.
+GPUSHARE_CPU_KVCACHE_GIB = env_int("GPUSHARE_CPU_KVCACHE_GIB", 2)
+# Engine logs and process ids.
+GPUSHARE_ENGINE_DIR = Path(env_str("GPUSHARE_ENGINE_DIR", str(VAR_DIR / "engines")))
+# The demo model scripts/make_tiny_model.py generates.
+GPUSHARE_DEMO_MODEL_DIR = Path(
+    env_str("GPUSHARE_DEMO_MODEL_DIR", str(VAR_DIR / "models" / "tiny-llama"))
+)
+GPUSHARE_ENGINE_START_TIMEOUT_S = env_float("GPUSHARE_ENGINE_START_TIMEOUT_S", 300.0)
+GPUSHARE_ENGINE_DRAIN_TIMEOUT_S = env_float("GPUSHARE_ENGINE_DRAIN_TIMEOUT_S", 60.0)
+GPUSHARE_ENGINE_STOP_TIMEOUT_S = env_float("GPUSHARE_ENGINE_STOP_TIMEOUT_S", 30.0)
+# Per HTTP call to an engine (health, metrics, the warm-up generation); generation streams
+# use their own, longer, read timeout.
+GPUSHARE_ENGINE_HTTP_TIMEOUT_S = env_float("GPUSHARE_ENGINE_HTTP_TIMEOUT_S", 10.0)
+GPUSHARE_ENGINE_GENERATE_TIMEOUT_S = env_float("GPUSHARE_ENGINE_GENERATE_TIMEOUT_S", 300.0)
+
 
 # --- Scheduler (issue 4) ----------------------------------------------------------------
 # Dispatch shares between the request classes, in the order interactive, standard, offline:

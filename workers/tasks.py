@@ -2,8 +2,12 @@
 
 from celery import shared_task
 
+from config.redis import redis_client
+
+PING_KEY = "gpushare:worker-ping:{token}"
+
 
 @shared_task(name="workers.ping")
-def ping() -> str:
-    """A no-op a worker answers; `make run` and tests use it to see a worker is alive."""
-    return "pong"
+def ping(token: str) -> None:
+    """Leave a mark in Redis, so a caller can see that a worker runs tasks end to end."""
+    redis_client().set(PING_KEY.format(token=token), "pong", ex=60)

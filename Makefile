@@ -1,0 +1,14 @@
+# The two commands of README.md, and a few for developers.
+.PHONY: run test lint setup
+
+run:  ## install what is missing and run the platform (web, worker, beat, Redis)
+	bash scripts/run.sh
+
+test:  ## install what is missing, then ruff, mypy and the whole test suite
+	bash scripts/test.sh $(ARGS)
+
+lint:
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy .
+
+setup:
+	bash scripts/bootstrap.sh

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# `make test`: lint, type-check and run the whole test suite against real services.
+# Uses PostgreSQL when DATABASE_URL is set (CI sets it), else a SQLite file; Redis at REDIS_URL.
+# Extra arguments go to pytest, e.g. `make test ARGS="-k fairqueue"`.
+source "$(dirname "$0")/lib.sh"
+"$REPO_ROOT/scripts/bootstrap.sh"
+cd "$REPO_ROOT"
+
+say "ruff"
+"$VENV/bin/ruff" check . || die "ruff found problems"
+"$VENV/bin/ruff" format --check . >/dev/null || die "ruff format: run '.venv/bin/ruff format .'"
+say "mypy"
+"$VENV/bin/mypy" . || die "mypy found problems"
+say "pytest (database: ${DATABASE_URL:-SQLite})"
+"$VENV/bin/pytest" "$@"
