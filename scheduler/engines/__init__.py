@@ -1,0 +1,1 @@
+"""vLLM engines: how to launch one, talk to one, read its metrics, and supervise it."""

@@ -1,0 +1,96 @@
+"""Reads about devices and engines.
+
+Engines are a platform resource, not a tenant's: the one read that depends on a tenant
+(which engines may serve it) takes the tenant, so a dedicated engine is never offered to
+another tenant.
+"""
+
+from __future__ import annotations
+
+import re
+
+from django.db.models import Q, QuerySet, Sum
+
+from config.errors import NotFound
+from scheduler.models import LIVE_STATUSES, Device, DeviceKind, Engine, EngineStatus
+from scheduler.placement import DeviceRoom
+from tenants.models import Tenant
+
+_DEVICE_KEY = re.compile(r"^(?:(?P<node>[^/]+)/)?(?P<kind>gpu|cpu)(?P<index>\d+)$")
+
+
+def device_list(*, node: str | None = None, present_only: bool = True) -> QuerySet[Device]:
+    devices = Device.objects.all()
+    if node is not None:
+        devices = devices.filter(node=node)
+    if present_only:
+        devices = devices.filter(is_present=True)
+    return devices
+
+
+def device_get(*, key: str, default_node: str) -> Device:
+    """A device by its key, `node/gpu0` or just `gpu0` (on `default_node`)."""
+    match = _DEVICE_KEY.match(key)
+    if match is None:
+        raise NotFound(f"'{key}' is not a device key; use node/gpu0, gpu0 or cpu0.")
+    node = match["node"] or default_node
+    try:
+        return Device.objects.get(
+            node=node, kind=DeviceKind(match["kind"]), index=int(match["index"])
+        )
+    except Device.DoesNotExist:
+        raise NotFound(
+            f"No device {node}/{match['kind']}{match['index']}; run `manage.py gpus discover`."
+        ) from None
+
+
+def device_room(*, device: Device, live_only: bool) -> DeviceRoom:
+    """The device as placement sees it. `live_only`: count only engines whose process should
+    be running (what memory really holds); otherwise every engine registered on it (the plan)."""
+    engines = device.engines.all()
+    if live_only:
+        engines = engines.filter(status__in=LIVE_STATUSES)
+    used = engines.aggregate(total=Sum("footprint_units"))["total"] or 0
+    return DeviceRoom(key=device.key, capacity_units=device.capacity_units, used_units=used)
+
+
+def engine_list(
+    *, served_model_name: str | None = None, status: str | None = None
+) -> QuerySet[Engine]:
+    engines = Engine.objects.select_related("device", "dedicated_tenant")
+    if served_model_name is not None:
+        engines = engines.filter(served_model_name=served_model_name)
+    if status is not None:
+        engines = engines.filter(status=status)
+    return engines
+
+
+def engine_get(*, name: str) -> Engine:
+    try:
+        return Engine.objects.select_related("device", "dedicated_tenant").get(name=name)
+    except Engine.DoesNotExist:
+        raise NotFound(f"No engine '{name}'.") from None
+
+
+def engine_ready_for_tenant(*, served_model_name: str, tenant: Tenant) -> QuerySet[Engine]:
+    """The ready engines of a model's pool that may serve this tenant: the shared ones and
+    the tenant's own dedicated ones. Workers send work to `engine.base_url`."""
+    return engine_list(served_model_name=served_model_name, status=EngineStatus.READY).filter(
+        Q(dedicated_tenant__isnull=True) | Q(dedicated_tenant=tenant)
+    )
+
+
+def served_model_names(*, ready_only: bool = True) -> list[str]:
+    engines = Engine.objects.all()
+    if ready_only:
+        engines = engines.filter(status=EngineStatus.READY)
+    return sorted(set(engines.values_list("served_model_name", flat=True)))
+
+
+def tenant_dedicated_units(*, tenant: Tenant, exclude_engine: Engine | None = None) -> int:
+    """Units the tenant's dedicated engines hold against its quota (registered ones count:
+    the engine may be started at any time)."""
+    engines = Engine.objects.filter(dedicated_tenant=tenant)
+    if exclude_engine is not None:
+        engines = engines.exclude(pk=exclude_engine.pk)
+    return engines.aggregate(total=Sum("footprint_units"))["total"] or 0
