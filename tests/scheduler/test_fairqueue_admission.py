@@ -1,0 +1,166 @@
+"""Memory admission in the pick, and rejection at enqueue of what can never run."""
+
+import pytest
+
+from scheduler.fairqueue import EnginePolicy, FairQueue, Job, JobRejected, TenantPolicy
+
+UNIT = 256 * 1024 * 1024
+
+
+def submit(fq: FairQueue, tenant: str, kv_units: float, request_class: str = "standard") -> Job:
+    return fq.enqueue(
+        tenant=tenant,
+        pool="p",
+        request_class=request_class,
+        prompt_tokens=10,
+        max_tokens=10,
+        kv_bytes=int(kv_units * UNIT),
+        now=0,
+    )
+
+
+def engine(kv_units: int = 8, max_num_seqs: int = 16, load: float = 0.0) -> EnginePolicy:
+    return EnginePolicy("e1", "p", kv_units * UNIT, max_num_seqs, 0.4, load)
+
+
+def test_it_admits_only_what_fits_the_engines_free_kv_budget(fq: FairQueue) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, 100 * UNIT))
+    fq.set_engine_policy(engine(kv_units=8))
+    first, second = submit(fq, "a", 5), submit(fq, "a", 4)
+    assert fq.pick("p", "e1", now=1) == fq.get_job(first.job_id)
+    assert fq.pick("p", "e1", now=1) is None
+    fq.release(first.job_id, 10, 10, now=2)
+    picked = fq.pick("p", "e1", now=3)
+    assert picked is not None
+    assert picked.job_id == second.job_id
+
+
+def test_a_small_job_behind_a_big_one_of_another_tenant_still_runs(fq: FairQueue) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, 100 * UNIT))
+    fq.set_tenant_policy("b", TenantPolicy(1, 100 * UNIT))
+    fq.set_engine_policy(engine(kv_units=8))
+    submit(fq, "a", 6)
+    assert fq.pick("p", "e1", now=1) is not None
+    big, small = submit(fq, "a", 6), submit(fq, "b", 1)
+    picked = fq.pick("p", "e1", now=2)
+    assert picked is not None
+    assert picked.job_id == small.job_id
+    assert fq.get_job(big.job_id).state == "queued"  # type: ignore[union-attr]
+
+
+def test_it_keeps_a_tenant_within_its_quota(fq: FairQueue) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, 2 * UNIT))
+    fq.set_engine_policy(engine(kv_units=8))
+    jobs = [submit(fq, "a", 1) for _ in range(3)]
+    assert fq.pick("p", "e1", now=1) is not None
+    assert fq.pick("p", "e1", now=1) is not None
+    assert fq.pick("p", "e1", now=1) is None
+    assert fq.get_job(jobs[2].job_id).state == "queued"  # type: ignore[union-attr]
+
+
+def test_burst_is_lent_only_while_no_one_else_waits_within_quota(fq: FairQueue) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, 1 * UNIT, burst_bytes=2 * UNIT))
+    fq.set_tenant_policy("b", TenantPolicy(1, 1 * UNIT))
+    fq.set_engine_policy(engine(kv_units=8))
+    a_jobs = [submit(fq, "a", 1) for _ in range(4)]
+    # Alone, a borrows up to quota + burst = 3 units.
+    assert [fq.pick("p", "e1", now=1) is not None for _ in range(4)] == [True, True, True, False]
+    fq.release(a_jobs[0].job_id, 10, 10, now=2)
+    fq.release(a_jobs[1].job_id, 10, 10, now=2)
+    # a holds 1 unit (its quota). b now waits within its quota: no idle capacity to lend,
+    # so b goes first although a's next job is older.
+    b_job = submit(fq, "b", 1)
+    picked = fq.pick("p", "e1", now=3)
+    assert picked is not None
+    assert picked.job_id == b_job.job_id
+    # b's queue is empty again: a may borrow once more.
+    picked = fq.pick("p", "e1", now=3)
+    assert picked is not None
+    assert picked.job_id == a_jobs[3].job_id
+
+
+def test_burst_is_not_lent_while_another_tenant_waits_within_quota(fq: FairQueue) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, 1 * UNIT, burst_bytes=4 * UNIT))
+    fq.set_tenant_policy("b", TenantPolicy(1, 1 * UNIT))
+    fq.set_engine_policy(engine(kv_units=8))
+    submit(fq, "a", 1)
+    submit(fq, "a", 1)
+    submit(fq, "b", 1)
+    submit(fq, "b", 1)
+    picked = [fq.pick("p", "e1", now=1) for _ in range(4)]
+    tenants = [job.tenant if job else None for job in picked]
+    # Each gets its quota; then b waits over quota (it has no burst), so the engine is idle
+    # for a's purposes and a borrows.
+    assert sorted(t for t in tenants[:2] if t) == ["a", "b"]
+    assert tenants[2:] == ["a", None]
+
+
+def test_it_never_runs_more_than_max_num_seqs(fq: FairQueue) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, 100 * UNIT))
+    fq.set_engine_policy(engine(kv_units=80, max_num_seqs=3))
+    for _ in range(5):
+        submit(fq, "a", 1)
+    picked = [fq.pick("p", "e1", now=1) for _ in range(5)]
+    assert sum(job is not None for job in picked) == 3
+
+
+def test_offline_waits_while_load_is_at_the_threshold(fq: FairQueue) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, 100 * UNIT))
+    fq.set_engine_policy(engine(load=0.4))
+    job = submit(fq, "a", 1, request_class="offline")
+    assert fq.pick("p", "e1", now=1) is None
+    fq.set_engine_load("e1", 0.39)
+    picked = fq.pick("p", "e1", now=2)
+    assert picked is not None
+    assert picked.job_id == job.job_id
+
+
+@pytest.mark.parametrize(
+    ("kv_units", "tenant", "reason"),
+    [
+        (9, "a", "larger_than_engine"),
+        (5, "a", "larger_than_quota"),
+        (1, "nobody", "unknown_tenant"),
+    ],
+)
+def test_it_rejects_at_enqueue_what_can_never_run(
+    fq: FairQueue, kv_units: int, tenant: str, reason: str
+) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, 2 * UNIT, burst_bytes=2 * UNIT))
+    fq.set_engine_policy(engine(kv_units=8))
+    with pytest.raises(JobRejected) as caught:
+        submit(fq, tenant, kv_units)
+    assert caught.value.reason == reason
+    assert caught.value.message
+    assert fq.snapshot().queues == []
+
+
+def test_it_rejects_a_pool_without_engines_an_unknown_class_and_a_duplicate(
+    fq: FairQueue,
+) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, 2 * UNIT))
+    with pytest.raises(JobRejected, match="no engine") as caught:
+        submit(fq, "a", 1)
+    assert caught.value.reason == "no_engine"
+    fq.set_engine_policy(engine())
+    with pytest.raises(JobRejected) as caught:
+        submit(fq, "a", 1, request_class="urgent")
+    assert caught.value.reason == "unknown_class"
+    job = submit(fq, "a", 1)
+    with pytest.raises(JobRejected) as caught:
+        fq.enqueue(
+            tenant="a",
+            pool="p",
+            request_class="standard",
+            prompt_tokens=1,
+            max_tokens=1,
+            kv_bytes=1,
+            job_id=job.job_id,
+        )
+    assert caught.value.reason == "duplicate_job"
+
+
+def test_an_engine_of_another_pool_cannot_pick_here(fq: FairQueue) -> None:
+    fq.set_engine_policy(EnginePolicy("e2", "other", UNIT, 4))
+    with pytest.raises(Exception, match="serves pool other"):
+        fq.pick("p", "e2", now=1)

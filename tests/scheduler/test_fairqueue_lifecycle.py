@@ -1,0 +1,240 @@
+"""A job's life: timeouts, leases and the reaper, release, cancel, requeue, the waiter's
+events, and the invariant check."""
+
+import redis
+
+from scheduler.fairqueue import EnginePolicy, FairQueue, FairQueueConfig, Job, TenantPolicy
+from scheduler.fairqueue.keys import Keys
+
+UNIT = 256 * 1024 * 1024
+
+
+def setup_pool(fq: FairQueue, max_num_seqs: int = 8) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, 4 * UNIT))
+    fq.set_tenant_policy("b", TenantPolicy(1, 4 * UNIT))
+    fq.set_engine_policy(EnginePolicy("e1", "p", 8 * UNIT, max_num_seqs))
+
+
+def submit(
+    fq: FairQueue, tenant: str = "a", request_class: str = "standard", now: float = 0
+) -> Job:
+    return fq.enqueue(
+        tenant=tenant,
+        pool="p",
+        request_class=request_class,
+        prompt_tokens=100,
+        max_tokens=50,
+        kv_bytes=UNIT,
+        now=now,
+    )
+
+
+def pick(fq: FairQueue, now: float) -> Job:
+    job = fq.pick("p", "e1", now=now)
+    assert job is not None
+    return job
+
+
+def reserved(fq: FairQueue) -> tuple[int, int, int]:
+    snap = fq.snapshot()
+    return (
+        snap.tenant_reserved_bytes["a"],
+        snap.engine_reserved_bytes["e1"],
+        snap.engine_inflight["e1"],
+    )
+
+
+def events(fq: FairQueue, job_id: str) -> list[dict[str, object]]:
+    found = []
+    while (event := fq.wait_event(job_id, 0.01)) is not None:
+        found.append(event)
+    return found
+
+
+def test_an_interactive_job_expires_after_its_queue_timeout_and_its_waiter_is_told(
+    fq: FairQueue,
+) -> None:
+    setup_pool(fq)
+    job = submit(fq, request_class="interactive", now=0)
+    assert fq.expire_waiting(now=29.9) == []
+    assert fq.expire_waiting(now=30.0) == [job.job_id]
+    assert fq.get_job(job.job_id).state == "expired"  # type: ignore[union-attr]
+    [event] = events(fq, job.job_id)
+    assert event["event"] == "expired"
+    assert event["reason"] == "queue_timeout"
+    assert event["waited_s"] == 30
+    assert fq.pick("p", "e1", now=31) is None
+    assert fq.check().ok
+
+
+def test_a_pick_never_hands_out_a_job_past_its_deadline(fq: FairQueue) -> None:
+    setup_pool(fq)
+    stale = submit(fq, request_class="interactive", now=0)
+    fresh = submit(fq, request_class="standard", now=0)
+    assert pick(fq, now=45).job_id == fresh.job_id  # interactive would go first, had it lived
+    assert fq.get_job(stale.job_id).state == "expired"  # type: ignore[union-attr]
+
+
+def test_each_class_has_its_own_timeout(fq_redis: redis.Redis) -> None:
+    timeouts = {"interactive": 1.0, "standard": 2.0, "offline": 3.0}
+    fq = FairQueue(fq_redis, FairQueueConfig(queue_timeouts_s=timeouts))
+    setup_pool(fq)
+    jobs = {name: submit(fq, request_class=name) for name in timeouts}
+    assert fq.expire_waiting(now=1) == [jobs["interactive"].job_id]
+    assert fq.expire_waiting(now=2) == [jobs["standard"].job_id]
+    assert fq.expire_waiting(now=3) == [jobs["offline"].job_id]
+
+
+def test_the_reaper_returns_an_expired_lease_to_the_head_and_frees_it(fq: FairQueue) -> None:
+    setup_pool(fq)
+    first, second = submit(fq), submit(fq)
+    leased = pick(fq, now=1)
+    assert leased.job_id == first.job_id
+    assert leased.lease_deadline == 121
+    assert reserved(fq) == (UNIT, UNIT, 1)
+    assert fq.reap_expired_leases(now=120) == []
+    assert fq.reap_expired_leases(now=121) == [first.job_id]
+    assert reserved(fq) == (0, 0, 0)
+    assert fq.check().ok
+    again = pick(fq, now=122)
+    assert again.job_id == first.job_id  # the head, before `second`
+    assert again.attempt == 2
+    assert [e["event"] for e in events(fq, first.job_id)] == ["picked", "requeued", "picked"]
+    assert fq.get_job(second.job_id).state == "queued"  # type: ignore[union-attr]
+
+
+def test_a_stale_worker_cannot_release_the_next_attempt(fq: FairQueue) -> None:
+    setup_pool(fq)
+    job = submit(fq)
+    first_attempt = pick(fq, now=1)
+    fq.reap_expired_leases(now=500)
+    pick(fq, now=501)
+    assert not fq.release(job.job_id, 100, 50, attempt=first_attempt.attempt, now=502)
+    assert not fq.renew_lease(job.job_id, first_attempt.attempt, now=502)
+    assert fq.get_job(job.job_id).state == "running"  # type: ignore[union-attr]
+    assert fq.release(job.job_id, 100, 50, attempt=2, now=503)
+
+
+def test_renewing_a_lease_keeps_the_reaper_away(fq: FairQueue) -> None:
+    setup_pool(fq)
+    submit(fq)
+    job = pick(fq, now=0)
+    assert fq.renew_lease(job.job_id, job.attempt, now=100)
+    assert fq.reap_expired_leases(now=150) == []
+    assert fq.reap_expired_leases(now=220) == [job.job_id]
+
+
+def test_release_is_idempotent_and_charges_the_real_tokens(fq: FairQueue) -> None:
+    setup_pool(fq)
+    submit(fq)
+    job = pick(fq, now=1)
+    assert job.charged == 100 + 2 * 50  # the estimate: prompt + 2 x max_tokens
+    assert fq.release(job.job_id, 100, 20, now=2)
+    assert not fq.release(job.job_id, 100, 20, now=3)
+    assert not fq.release("never-was", 1, 1, now=3)
+    assert fq.get_job(job.job_id).charged == 100 + 2 * 20  # type: ignore[union-attr]
+    [row] = fq.snapshot().queues
+    assert row.counter == 140
+    assert reserved(fq) == (0, 0, 0)
+    assert fq.check().ok
+
+
+def test_cancelling_a_queued_job_removes_it_and_tells_the_waiter(fq: FairQueue) -> None:
+    setup_pool(fq)
+    job = submit(fq)
+    assert fq.cancel(job.job_id, reason="client_disconnected", now=1) == "queued"
+    assert fq.cancel(job.job_id, now=2) == ""
+    assert fq.pick("p", "e1", now=3) is None
+    assert events(fq, job.job_id) == [
+        {"event": "cancelled", "reason": "client_disconnected", "at": 1}
+    ]
+    assert fq.check().ok
+
+
+def test_cancelling_a_running_job_frees_everything(fq: FairQueue) -> None:
+    setup_pool(fq)
+    submit(fq)
+    job = pick(fq, now=1)
+    assert fq.cancel(job.job_id, now=2) == "running"
+    assert reserved(fq) == (0, 0, 0)
+    assert not fq.release(job.job_id, 100, 50, now=3)
+    assert not fq.renew_lease(job.job_id, job.attempt, now=3)
+    assert fq.get_job(job.job_id).charged == 100  # type: ignore[union-attr]
+    assert fq.check().ok
+
+
+def test_a_requeued_job_refunds_its_estimate_and_goes_first(fq: FairQueue) -> None:
+    setup_pool(fq)
+    first, second = submit(fq), submit(fq)
+    assert pick(fq, now=1).job_id == first.job_id
+    assert fq.requeue(first.job_id, reason="engine_gone", now=2)
+    assert not fq.requeue(first.job_id, now=2)
+    assert reserved(fq) == (0, 0, 0)
+    [row] = fq.snapshot().queues
+    assert row.counter == 0
+    assert row.waiting == 2
+    assert pick(fq, now=3).job_id == first.job_id
+    assert fq.get_job(second.job_id).state == "queued"  # type: ignore[union-attr]
+
+
+def test_a_worker_publishes_to_the_same_channel_the_waiter_reads(fq: FairQueue) -> None:
+    setup_pool(fq)
+    submit(fq)
+    job = pick(fq, now=1)
+    fq.publish(job.job_id, {"event": "chunk", "text": "hel"})
+    fq.publish(job.job_id, {"event": "done"})
+    assert [e["event"] for e in events(fq, job.job_id)] == ["picked", "chunk", "done"]
+
+
+def test_the_check_reports_drift_and_repairs_it(fq: FairQueue, fq_redis: redis.Redis) -> None:
+    setup_pool(fq)
+    submit(fq)
+    pick(fq, now=1)
+    keys = Keys()
+    fq_redis.hincrby(keys.tenant_usage("a"), "reserved", 7)
+    fq_redis.hincrby(keys.engine_usage("e1"), "inflight", 1)
+    report = fq.check()
+    assert not report.ok
+    assert report.tenant_reserved["a"] == (UNIT + 7, UNIT)
+    assert len(report.problems) == 2
+    assert fq.check(repair=True).repaired
+    assert fq.check().ok
+    assert reserved(fq) == (UNIT, UNIT, 1)
+
+
+def test_the_status_shows_waiting_running_and_oldest_wait(fq: FairQueue) -> None:
+    setup_pool(fq)
+    submit(fq, "a", now=0)
+    submit(fq, "a", now=5)
+    submit(fq, "b", request_class="interactive", now=8)
+    pick(fq, now=9)  # interactive first
+    rows = {(r.request_class, r.tenant): r for r in fq.snapshot(now=10).queues}
+    assert rows[("standard", "a")].waiting == 2
+    assert rows[("standard", "a")].oldest_wait_s == 10
+    assert rows[("interactive", "b")].running == 1
+    assert rows[("interactive", "b")].waiting == 0
+
+
+def test_the_scripts_and_keys_py_name_the_same_keys(fq: FairQueue, fq_redis: redis.Redis) -> None:
+    setup_pool(fq)
+    job = submit(fq)
+    keys = Keys()
+    for name in (
+        keys.job(job.job_id),
+        keys.queue("p", "standard", "a"),
+        keys.backlog("p", "standard"),
+        keys.counters("p", "standard"),
+        keys.waiting(),
+        keys.pools(),
+    ):
+        assert fq_redis.exists(name), name
+    pick(fq, now=1)
+    for name in (
+        keys.events(job.job_id),
+        keys.inflight(),
+        keys.tenant_usage("a"),
+        keys.engine_usage("e1"),
+        keys.class_clock("p"),
+        keys.counter_floor("p", "standard"),
+    ):
+        assert fq_redis.exists(name), name
