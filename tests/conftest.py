@@ -32,7 +32,7 @@ def staff_client(staff_user: User) -> APIClient:
 @pytest.fixture
 def owner(db: None) -> Tenant:
     """The tenant under test. `teammate` shares it; `outsider` is another tenant."""
-    return TenantFactory(slug="acme", quota_units=8)
+    return TenantFactory.create(slug="acme", quota_units=8)
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def teammate_key(owner: Tenant) -> IssuedKey:
 
 @pytest.fixture
 def outsider(db: None) -> Tenant:
-    return TenantFactory(slug="globex", quota_units=4)
+    return TenantFactory.create(slug="globex", quota_units=4)
 
 
 @pytest.fixture

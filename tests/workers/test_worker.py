@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def worker(redis_db, settings):
-    env = {**os.environ, "REDIS_URL": settings.REDIS_URL, "CELERY_BROKER_URL": settings.REDIS_URL}
+    env = {**os.environ, "REDIS_URL": settings.REDIS_URL, "CELERY_BROKER_URL": settings.CELERY_BROKER_URL}
     process = subprocess.Popen(
         [
             sys.executable,
@@ -46,8 +46,7 @@ def worker(redis_db, settings):
     process.wait(timeout=20)
 
 
-def test_a_worker_runs_a_task_sent_through_redis(worker, redis_db, settings):
-    app.conf.broker_url = settings.REDIS_URL
+def test_a_worker_runs_a_task_sent_through_redis(worker, redis_db):
     token = uuid.uuid4().hex
     app.send_task("workers.ping", args=[token])
     deadline = time.monotonic() + 30
