@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from scheduler.units import format_units
 from tenants.keys import new_key_material
-from tenants.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant, UsageRecord
 
 
 class ApiKeyInline(admin.TabularInline[ApiKey, Tenant]):
@@ -95,3 +95,23 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
         messages.success(request, f"Revoked {count} key(s).")
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(admin.ModelAdmin[UsageRecord]):
+    """The ledger is written by the platform only: read-only here."""
+
+    list_display = (
+        "finished_at", "tenant", "model", "request_class", "outcome", "prompt_tokens",
+        "completion_tokens", "queue_wait_ms", "latency_ms",
+    )  # fmt: skip
+    list_filter = ("outcome", "request_class", "model", "tenant")
+    search_fields = ("request_id", "batch_id", "tenant__slug")
+    date_hierarchy = "finished_at"
+    list_select_related = ("tenant",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

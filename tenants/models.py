@@ -141,3 +141,54 @@ class ApiKey(models.Model):
     @property
     def is_revoked(self) -> bool:
         return self.revoked_at is not None
+
+
+class Outcome(models.TextChoices):
+    SUCCESS = "success", "success"
+    ERROR = "error", "error"  # the engine failed or answered an error
+    CANCELLED = "cancelled", "cancelled"  # the client went away or cancelled
+    TIMEOUT = "timeout", "timeout"  # waited past its class's queue timeout
+    REJECTED = "rejected", "rejected"  # refused before queueing (429 / 403 / never fits)
+
+
+class UsageRecord(models.Model):
+    """One finished request: the ledger that quota reports and `/v1/usage` are built from.
+
+    `request_id` is the scheduler's job id and is unique, so writing the same result twice
+    (a retried task, a job run twice after a lost lease) keeps one row.
+    """
+
+    request_id = models.CharField(max_length=64, unique=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="usage")
+    api_key = models.ForeignKey(
+        ApiKey, on_delete=models.SET_NULL, null=True, blank=True, related_name="usage"
+    )
+    model = models.CharField(max_length=200)
+    engine = models.CharField(max_length=100, blank=True)
+    request_class = models.CharField(
+        max_length=16, choices=[(c.value, c.value) for c in RequestClass]
+    )
+    batch_id = models.CharField(max_length=64, blank=True, db_index=True)
+    endpoint = models.CharField(max_length=64, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices)
+    status_code = models.PositiveSmallIntegerField(default=200)
+    prompt_tokens = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0)
+    reserved_units = models.FloatField(default=0, help_text="KV reservation held, in units.")
+    reserved_unit_seconds = models.FloatField(default=0)
+    queue_wait_ms = models.PositiveIntegerField(default=0)
+    ttft_ms = models.PositiveIntegerField(null=True, blank=True)
+    latency_ms = models.PositiveIntegerField(default=0)
+    error_code = models.CharField(max_length=64, blank=True)
+    finished_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ("-finished_at",)
+        indexes = (models.Index(fields=("tenant", "finished_at"), name="usage_tenant_time"),)
+
+    def __str__(self) -> str:
+        return f"{self.request_id} {self.tenant_id} {self.outcome}"
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens

@@ -1,0 +1,149 @@
+"""Per-tenant request and token limits (rpm, tpm, token budget per period), kept in Redis.
+
+Checked when a request arrives, before it is queued, in one Lua script so two concurrent
+requests cannot both pass the last free slot. Minutes use a sliding-window estimate (the
+previous minute's count weighted by how much of it still overlaps the last 60 s), which
+smooths the burst a fixed window allows at each minute boundary.
+
+Tokens are counted first as the request's estimate (prompt + max_tokens, the most it can use)
+and settled to the real count when it ends, so tpm and the budget are never under-counted
+while a request runs. The budget counter is seeded from the usage ledger when Redis does not
+have it (after a Redis restart), so a restart does not reset anyone's budget.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from django.db.models import Sum
+
+from config.errors import DomainError
+from config.redis import redis_client
+from tenants.models import BudgetPeriod, Tenant, UsageRecord
+
+PREFIX = "gs:limits:"
+WINDOW_S = 60
+
+_ADMIT = """
+local prefix, tenant = ARGV[1], ARGV[2]
+local now, rpm, tpm = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local tokens, budget, budget_key = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
+local minute = math.floor(now / 60)
+local overlap = 1 - (now - minute * 60) / 60
+local function count(kind, m)
+  return tonumber(redis.call('GET', prefix .. tenant .. ':' .. kind .. ':' .. m) or 0)
+end
+local function recent(kind)
+  return count(kind, minute) + count(kind, minute - 1) * overlap
+end
+local retry = math.ceil((minute + 1) * 60 - now)
+if rpm > 0 and recent('req') + 1 > rpm then return {'rpm', retry} end
+if tpm > 0 and recent('tok') + tokens > tpm then return {'tpm', retry} end
+if budget > 0 and tonumber(redis.call('GET', budget_key) or 0) + tokens > budget then
+  return {'budget', 0}
+end
+for _, kind in ipairs({'req', 'tok'}) do
+  local key = prefix .. tenant .. ':' .. kind .. ':' .. minute
+  redis.call('INCRBY', key, kind == 'req' and 1 or tokens)
+  redis.call('EXPIRE', key, 180)
+end
+if budget > 0 then redis.call('INCRBY', budget_key, tokens) end
+return {'ok', 0}
+"""
+
+
+class RateLimited(DomainError):
+    http_status = 429
+    error_type = "requests"
+    code = "rate_limit_exceeded"
+
+
+class BudgetExhausted(DomainError):
+    http_status = 429
+    error_type = "insufficient_quota"
+    code = "insufficient_quota"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What a request took from the limits, to settle when it ends."""
+
+    tenant_id: int
+    estimated_tokens: int
+    minute: int
+    budget_key: str | None
+
+
+def budget_period_start(period: str, now: datetime) -> datetime:
+    if period == BudgetPeriod.DAY:
+        return now.replace(hour=0, minute=0, second=0, microsecond=0)
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def _budget_key(tenant: Tenant, now: datetime) -> str:
+    start = budget_period_start(tenant.budget_period, now)
+    return f"{PREFIX}{tenant.pk}:budget:{start:%Y%m%d}"
+
+
+def _seed_budget(tenant: Tenant, key: str, now: datetime) -> None:
+    client = redis_client()
+    if client.exists(key):
+        return
+    since = budget_period_start(tenant.budget_period, now)
+    used = UsageRecord.objects.filter(tenant=tenant, finished_at__gte=since).aggregate(
+        tokens=Sum("prompt_tokens") + Sum("completion_tokens")
+    )["tokens"]
+    # NX: a concurrent seeder or a request that already counted wins.
+    client.set(key, int(used or 0), nx=True, ex=40 * 24 * 3600)
+
+
+def limits_admit(*, tenant: Tenant, estimated_tokens: int, now: float | None = None) -> Admission:
+    """Counts the request against the tenant's limits, or raises RateLimited/BudgetExhausted."""
+    moment = time.time() if now is None else now
+    wall = datetime.fromtimestamp(moment, tz=UTC)
+    budget_key = _budget_key(tenant, wall) if tenant.token_budget else None
+    if budget_key:
+        _seed_budget(tenant, budget_key, wall)
+    verdict, retry_after = redis_client().eval(
+        _ADMIT, 0, PREFIX, tenant.pk, repr(moment), tenant.rpm_limit or 0,
+        tenant.tpm_limit or 0, estimated_tokens, tenant.token_budget or 0, budget_key or "",
+    )  # fmt: skip
+    if verdict == "rpm":
+        raise _rate_limited(f"Rate limit reached: {tenant.rpm_limit} requests per minute.",
+                            retry_after)  # fmt: skip
+    if verdict == "tpm":
+        raise _rate_limited(
+            f"Rate limit reached: {tenant.tpm_limit} tokens per minute; this request may use "
+            f"up to {estimated_tokens}.",
+            retry_after,
+        )
+    if verdict == "budget":
+        raise BudgetExhausted(
+            f"Token budget of {tenant.token_budget} per {tenant.budget_period} is used up."
+        )
+    return Admission(tenant.pk, estimated_tokens, math.floor(moment / WINDOW_S), budget_key)
+
+
+def _rate_limited(message: str, retry_after: int) -> RateLimited:
+    return RateLimited(message, headers={"Retry-After": str(max(1, int(retry_after)))})
+
+
+def limits_settle(*, admission: Admission, used_tokens: int) -> None:
+    """Replaces the estimate with what the request really used (never below zero)."""
+    refund = admission.estimated_tokens - used_tokens
+    if refund <= 0:
+        return
+    client = redis_client()
+    token_key = f"{PREFIX}{admission.tenant_id}:tok:{admission.minute}"
+    keys = [token_key] + ([admission.budget_key] if admission.budget_key else [])
+    client.eval(
+        "for _, k in ipairs(KEYS) do if redis.call('EXISTS', k) == 1 then "
+        "local v = redis.call('DECRBY', k, ARGV[1]) "
+        "if v < 0 then redis.call('SET', k, 0, 'KEEPTTL') end end end",
+        len(keys),
+        *keys,
+        refund,
+    )

@@ -1,0 +1,70 @@
+from datetime import UTC, datetime
+
+import pytest
+
+from tenants.limits import BudgetExhausted, RateLimited, limits_admit, limits_settle
+from tenants.models import UsageRecord
+from tenants.services import tenant_update
+
+pytestmark = pytest.mark.django_db
+
+# A moment 30 s into a minute: the previous minute still overlaps the window by half.
+NOW = 1_800_000_030.0
+
+
+def test_it_refuses_the_request_over_the_rpm_limit_with_retry_after(owner, redis_db):
+    tenant_update(tenant=owner, rpm_limit=3)
+    for _ in range(3):
+        limits_admit(tenant=owner, estimated_tokens=10, now=NOW)
+    with pytest.raises(RateLimited) as caught:
+        limits_admit(tenant=owner, estimated_tokens=10, now=NOW + 1)
+    assert caught.value.http_status == 429
+    assert caught.value.headers["Retry-After"] == "29"
+    assert "3 requests per minute" in caught.value.message
+
+
+def test_the_previous_minute_still_counts_in_the_sliding_window(owner, redis_db):
+    tenant_update(tenant=owner, rpm_limit=4)
+    for _ in range(4):
+        limits_admit(tenant=owner, estimated_tokens=1, now=NOW)
+    # 45 s later, the 4 requests of the previous minute weigh 4 x 0.75 = 3: one more fits.
+    limits_admit(tenant=owner, estimated_tokens=1, now=NOW + 45)
+    with pytest.raises(RateLimited):
+        limits_admit(tenant=owner, estimated_tokens=1, now=NOW + 46)
+
+
+def test_tpm_counts_the_estimate_and_settling_refunds_what_was_not_used(owner, redis_db):
+    tenant_update(tenant=owner, tpm_limit=1000)
+    admission = limits_admit(tenant=owner, estimated_tokens=800, now=NOW)
+    with pytest.raises(RateLimited, match="1000 tokens per minute"):
+        limits_admit(tenant=owner, estimated_tokens=300, now=NOW + 1)
+    limits_settle(admission=admission, used_tokens=100)
+    limits_admit(tenant=owner, estimated_tokens=300, now=NOW + 2)
+
+
+def test_other_tenants_are_not_limited_by_a_busy_one(owner, outsider, redis_db):
+    tenant_update(tenant=owner, rpm_limit=1)
+    tenant_update(tenant=outsider, rpm_limit=1)
+    limits_admit(tenant=owner, estimated_tokens=1, now=NOW)
+    limits_admit(tenant=outsider, estimated_tokens=1, now=NOW)
+    with pytest.raises(RateLimited):
+        limits_admit(tenant=owner, estimated_tokens=1, now=NOW)
+
+
+def test_the_budget_survives_a_redis_restart_by_reading_the_ledger(owner, redis_db):
+    tenant_update(tenant=owner, token_budget=1000, budget_period="day")
+    UsageRecord.objects.create(
+        request_id="r1", tenant=owner, model="m", request_class="standard", outcome="success",
+        prompt_tokens=500, completion_tokens=400,
+        finished_at=datetime.fromtimestamp(NOW - 60, tz=UTC),
+    )  # fmt: skip
+    redis_db.flushdb()  # Redis lost its counters
+    limits_admit(tenant=owner, estimated_tokens=100, now=NOW)
+    with pytest.raises(BudgetExhausted) as caught:
+        limits_admit(tenant=owner, estimated_tokens=1, now=NOW)
+    assert caught.value.error_type == "insufficient_quota"
+
+
+def test_no_limits_means_no_refusals(owner, redis_db):
+    for _ in range(50):
+        limits_admit(tenant=owner, estimated_tokens=10_000, now=NOW)
