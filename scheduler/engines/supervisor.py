@@ -1,0 +1,332 @@
+"""The engine supervisor: start an engine and see it through starting -> warming -> ready,
+drain and stop it, and notice when one has died.
+
+The engine process outlives the command that starts it: it runs detached in its own session,
+its output goes to `<GPUSHARE_ENGINE_DIR>/<name>.log`, and its pid and status live in the
+database. So any process (a Celery worker, the run script, the console) finds a ready engine
+through the database (`scheduler.selectors.engine_ready_for_tenant`, `Engine.base_url`), and
+any process can stop it. `engine_refresh` is the crash check: a live status whose process is
+gone becomes `failed`, with the end of its log, so it is never silently used.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+from django.db import transaction
+
+from config.errors import DomainError
+from scheduler.engines import process
+from scheduler.engines.client import EngineClient, EngineError
+from scheduler.engines.launch import EngineLaunch, build_launch
+from scheduler.engines.vllm_env import VllmEnvMissing, find_vllm_python
+from scheduler.gpu_inventory import node_name
+from scheduler.models import LIVE_STATUSES, Engine, EngineStatus
+from scheduler.selectors import engine_get
+from scheduler.services import engine_check_room_to_start, engine_set_status
+
+Progress = Callable[[str], None]
+POLL_INTERVAL_S = 1.0
+# How often a long start says it is still alive.
+PROGRESS_EVERY_S = 10.0
+WARMUP_PROMPT = "Hello"
+
+
+class EngineStartError(DomainError):
+    http_status = 503
+    code = "engine_start_failed"
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    start_s: float
+    drain_s: float
+    stop_s: float
+    http_s: float
+    generate_s: float
+
+    @classmethod
+    def from_settings(cls) -> Timeouts:
+        return cls(
+            start_s=settings.GPUSHARE_ENGINE_START_TIMEOUT_S,
+            drain_s=settings.GPUSHARE_ENGINE_DRAIN_TIMEOUT_S,
+            stop_s=settings.GPUSHARE_ENGINE_STOP_TIMEOUT_S,
+            http_s=settings.GPUSHARE_ENGINE_HTTP_TIMEOUT_S,
+            generate_s=settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S,
+        )
+
+
+def engine_log_path(engine: Engine) -> Path:
+    return Path(settings.GPUSHARE_ENGINE_DIR) / f"{engine.name}.log"
+
+
+def engine_client(engine: Engine, timeouts: Timeouts | None = None) -> EngineClient:
+    timeouts = timeouts or Timeouts.from_settings()
+    return EngineClient(
+        engine.base_url, timeout_s=timeouts.http_s, generate_timeout_s=timeouts.generate_s
+    )
+
+
+def _process_alive(engine: Engine) -> bool:
+    return engine.pid is not None and process.is_engine_process(engine.pid, port=engine.port)
+
+
+def _death_detail(engine: Engine, what: str) -> str:
+    code = process.exit_code(engine.pid) if engine.pid is not None else None
+    exit_text = f" (exit code {code})" if code is not None else ""
+    tail = process.log_tail(engine_log_path(engine))
+    return f"{what}{exit_text}. Last lines of {engine_log_path(engine)}:\n{tail}"
+
+
+def engine_refresh(*, engine: Engine) -> Engine:
+    """The crash check: an engine whose status says its process runs, but whose process is
+    gone, is marked failed (with why). Cheap: no HTTP. Safe to call from anywhere, often."""
+    if engine.status in LIVE_STATUSES and not _process_alive(engine):
+        detail = _death_detail(engine, f"process {engine.pid} is gone while {engine.status}")
+        engine_set_status(engine=engine, status=EngineStatus.FAILED, detail=detail, clear_pid=True)
+    return engine
+
+
+def engine_health_check(*, engine: Engine, timeouts: Timeouts | None = None) -> Engine:
+    """The crash check plus /health for a ready engine: a ready engine that does not answer
+    is failed rather than sent work."""
+    engine_refresh(engine=engine)
+    if engine.status == EngineStatus.READY:
+        with engine_client(engine, timeouts) as client:
+            if not client.health():
+                engine_set_status(
+                    engine=engine,
+                    status=EngineStatus.FAILED,
+                    detail=f"/health at {engine.base_url} did not answer 200 while ready",
+                )
+    return engine
+
+
+def _check_startable(engine: Engine) -> None:
+    here = node_name(settings.GPUSHARE_NODE_NAME)
+    if engine.device.node != here:
+        raise EngineStartError(
+            f"Engine '{engine.name}' is on {engine.device.key}; start it on node "
+            f"'{engine.device.node}', not here ('{here}')."
+        )
+    if not Path(engine.model_path, "config.json").is_file():
+        raise EngineStartError(
+            f"Model folder {engine.model_path} has no config.json (for the demo model run "
+            "scripts/make_tiny_model.py with the vLLM environment's python)."
+        )
+
+
+def _launch(engine: Engine) -> int:
+    try:
+        python = find_vllm_python(
+            configured=settings.GPUSHARE_VLLM_PYTHON, cache_dir=Path(settings.GPUSHARE_CACHE_DIR)
+        )
+    except VllmEnvMissing as exc:
+        raise EngineStartError(str(exc)) from None
+    spec = build_launch(
+        EngineLaunch(
+            model_path=str(Path(engine.model_path).resolve()),
+            served_model_name=engine.served_model_name,
+            host=engine.host,
+            port=engine.port,
+            max_model_len=engine.max_model_len,
+            max_num_seqs=engine.max_num_seqs,
+            footprint_units=engine.footprint_units,
+            device_kind=engine.device.kind,
+            device_index=engine.device.index,
+            device_memory_bytes=engine.device.memory_bytes,
+        ),
+        python=str(python),
+        base_env=os.environ,
+    )
+    log_path = engine_log_path(engine)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("a") as log:
+        log.write(f"\n=== gpushare: starting engine {engine.name}: {' '.join(spec.argv)}\n")
+    return process.spawn(spec, log_path=log_path, cwd=Path(settings.BASE_DIR))
+
+
+def engine_start(
+    *, name: str, on_progress: Progress = _quiet, timeouts: Timeouts | None = None
+) -> Engine:
+    """Start the engine and return once it is ready (or raise EngineStartError, with the
+    engine marked failed and its process ended). Starting an engine that is already starting
+    waits for it instead of launching a second process; a ready one is returned as it is."""
+    timeouts = timeouts or Timeouts.from_settings()
+    with transaction.atomic():
+        # The row lock makes two concurrent starts of one engine launch one process.
+        engine = (
+            Engine.objects.select_for_update(of=("self",))
+            .select_related("device", "dedicated_tenant")
+            .get(pk=engine_get(name=name).pk)
+        )
+        engine_refresh(engine=engine)
+        if engine.status == EngineStatus.READY:
+            on_progress(f"{engine.name} is already ready at {engine.base_url}")
+            return engine
+        attach = engine.status in (EngineStatus.STARTING, EngineStatus.WARMING)
+        if engine.status == EngineStatus.DRAINING:
+            raise EngineStartError(f"Engine '{name}' is draining; stop it before starting it.")
+        if not attach:
+            _check_startable(engine)
+            engine_check_room_to_start(engine=engine)
+            _check_port_free(engine)
+            pid = _launch(engine)
+            engine_set_status(
+                engine=engine,
+                status=EngineStatus.STARTING,
+                detail=f"process {pid} launched; log {engine_log_path(engine)}",
+                pid=pid,
+                started=True,
+            )
+    verb = "waiting for" if attach else "started"
+    on_progress(f"{engine.name}: {verb} process {engine.pid}, log {engine_log_path(engine)}")
+    try:
+        _wait_until_ready(engine, on_progress=on_progress, timeouts=timeouts)
+    except EngineStartError as exc:
+        _fail_start(engine, str(exc), timeouts=timeouts)
+        raise
+    return engine
+
+
+def _check_port_free(engine: Engine) -> None:
+    with engine_client(engine) as client:
+        if client.health():
+            raise EngineStartError(
+                f"Something already answers at {engine.base_url}; choose another port for "
+                f"'{engine.name}' or stop what runs there."
+            )
+
+
+def _fail_start(engine: Engine, detail: str, *, timeouts: Timeouts) -> None:
+    if engine.pid is not None and process.is_running(engine.pid):
+        process.terminate(engine.pid, timeout_s=timeouts.stop_s)
+    engine_set_status(engine=engine, status=EngineStatus.FAILED, detail=detail, clear_pid=True)
+
+
+def _wait_until_ready(engine: Engine, *, on_progress: Progress, timeouts: Timeouts) -> None:
+    started = time.monotonic()
+    deadline = started + timeouts.start_s
+    last_said = started
+    last_line = ""
+    with engine_client(engine, timeouts) as client:
+        while not client.health():
+            now = time.monotonic()
+            if engine.pid is None or not process.is_running(engine.pid):
+                raise EngineStartError(_death_detail(engine, "the engine died while starting"))
+            if now > deadline:
+                raise EngineStartError(
+                    _death_detail(engine, f"not healthy within {timeouts.start_s:.0f} s")
+                )
+            if now - last_said >= PROGRESS_EVERY_S:
+                line = process.log_tail(engine_log_path(engine), lines=1)
+                news = f": {line[:160]}" if line != last_line else ""
+                on_progress(f"  starting ({now - started:.0f} s){news}")
+                last_said, last_line = now, line
+            time.sleep(POLL_INTERVAL_S)
+        elapsed = time.monotonic() - started
+        engine_set_status(
+            engine=engine,
+            status=EngineStatus.WARMING,
+            detail=f"healthy after {elapsed:.0f} s; warming with one real generation",
+        )
+        on_progress(f"{engine.name}: healthy after {elapsed:.0f} s, warming")
+        _warm_up(engine, client)
+        _mark_ready(engine, client, elapsed=time.monotonic() - started, on_progress=on_progress)
+
+
+def _warm_up(engine: Engine, client: EngineClient) -> None:
+    """One real generation: the first request compiles and allocates, and proves the model
+    actually produces tokens, before any tenant's request is sent."""
+    try:
+        body = client.completion(
+            {"model": engine.served_model_name, "prompt": WARMUP_PROMPT, "max_tokens": 4}
+        )
+    except EngineError as exc:
+        detail = _death_detail(engine, f"the warm-up generation failed: {exc}")
+        raise EngineStartError(detail) from None
+    if not body.get("choices"):
+        raise EngineStartError(f"the warm-up generation returned no choices: {body}")
+
+
+def _mark_ready(
+    engine: Engine, client: EngineClient, *, elapsed: float, on_progress: Progress
+) -> None:
+    try:
+        metrics = client.metrics()
+    except EngineError as exc:
+        raise EngineStartError(f"could not read {engine.base_url}/metrics: {exc}") from None
+    capacity = metrics.kv_capacity_tokens
+    if capacity is None:
+        raise EngineStartError(
+            f"{engine.base_url}/metrics has no vllm:cache_config_info with num_gpu_blocks and "
+            "block_size, so its KV capacity is unknown"
+        )
+    detail = (
+        f"ready in {elapsed:.0f} s; KV capacity {capacity} tokens "
+        f"({metrics.num_blocks} blocks of {metrics.block_size})"
+    )
+    engine_set_status(
+        engine=engine,
+        status=EngineStatus.READY,
+        detail=detail,
+        kv_capacity_tokens=capacity,
+        block_size=metrics.block_size,
+    )
+    on_progress(
+        f"{engine.name}: {detail}; serving '{engine.served_model_name}' at {engine.base_url}"
+    )
+
+
+def engine_stop(
+    *, name: str, on_progress: Progress = _quiet, timeouts: Timeouts | None = None
+) -> Engine:
+    """Drain, then stop. Draining takes the engine out of the scheduler's choice (only ready
+    engines get work) and waits until the engine reports nothing running or waiting, up to
+    the drain timeout; then the process group gets SIGTERM, and SIGKILL if it lingers."""
+    timeouts = timeouts or Timeouts.from_settings()
+    engine = engine_refresh(engine=engine_get(name=name))
+    if engine.status not in LIVE_STATUSES:
+        on_progress(f"{engine.name} is {engine.status}; nothing to stop")
+        if engine.status == EngineStatus.FAILED:
+            engine_set_status(
+                engine=engine, status=EngineStatus.STOPPED, detail="stopped after failing"
+            )
+        return engine
+    if engine.status == EngineStatus.READY:
+        engine_set_status(engine=engine, status=EngineStatus.DRAINING, detail="draining")
+        on_progress(f"{engine.name}: draining (up to {timeouts.drain_s:.0f} s)")
+        _drain(engine, timeouts=timeouts, on_progress=on_progress)
+    graceful = True
+    if engine.pid is not None and process.is_running(engine.pid):
+        on_progress(f"{engine.name}: stopping process {engine.pid}")
+        graceful = process.terminate(engine.pid, timeout_s=timeouts.stop_s)
+    detail = "stopped" if graceful else f"killed after {timeouts.stop_s:.0f} s without exiting"
+    engine_set_status(engine=engine, status=EngineStatus.STOPPED, detail=detail, clear_pid=True)
+    on_progress(f"{engine.name}: {detail}")
+    return engine
+
+
+def _drain(engine: Engine, *, timeouts: Timeouts, on_progress: Progress) -> None:
+    deadline = time.monotonic() + timeouts.drain_s
+    with engine_client(engine, timeouts) as client:
+        while time.monotonic() < deadline:
+            try:
+                in_flight = client.metrics().in_flight
+            except EngineError:
+                return  # it cannot be asked, so it cannot be finishing anything for us
+            if in_flight == 0:
+                on_progress(f"{engine.name}: drained")
+                return
+            on_progress(f"  draining: {in_flight:g} requests in flight")
+            time.sleep(POLL_INTERVAL_S)
+    on_progress(f"{engine.name}: drain timeout; stopping with work in flight")
