@@ -1,0 +1,88 @@
+"""The Lua scripts against the pure model: random sequences of enqueue, pick, release,
+cancel, requeue and load changes on the real Redis make the same decisions as the model,
+step by step, and the invariant check finds no drift after any of them."""
+
+import redis
+from hypothesis import HealthCheck, given, settings
+
+from scheduler.fairqueue import EnginePolicy, FairQueue, JobRejected
+from scheduler.fairqueue.model import FairModel, ModelJob
+from tests.scheduler.test_fairqueue_model import CLASSES, ENGINES, TENANTS, WEIGHTS, operations
+
+
+def fresh(client: redis.Redis) -> tuple[FairQueue, FairModel]:
+    client.flushdb()
+    fq = FairQueue(client)
+    for name, policy in TENANTS.items():
+        fq.set_tenant_policy(name, policy)
+    for engine in ENGINES.values():
+        fq.set_engine_policy(engine)
+    return fq, FairModel(WEIGHTS, TENANTS, ENGINES)
+
+
+def enqueue_both(fq: FairQueue, model: FairModel, job: ModelJob) -> None:
+    try:
+        model.enqueue(job)
+        expected = ""
+    except JobRejected as rejected:
+        expected = rejected.reason
+    try:
+        fq.enqueue(
+            tenant=job.tenant, pool="p", request_class=job.request_class,
+            prompt_tokens=job.prompt_tokens, max_tokens=job.max_tokens, kv_bytes=job.kv_bytes,
+            job_id=job.job_id, now=0,
+        )  # fmt: skip
+        got = ""
+    except JobRejected as rejected:
+        got = rejected.reason
+    assert got == expected
+
+
+def step(fq: FairQueue, model: FairModel, op: tuple[str, int, int, int, int], serial: int) -> None:
+    kind, x, y, z, w = op
+    running = sorted(j.job_id for j in model.jobs.values() if j.state == "running")
+    live = sorted(j.job_id for j in model.jobs.values() if j.state in ("running", "queued"))
+    engine_id = "e1" if x % 2 == 0 else "e2"
+    if kind == "enqueue":
+        job = ModelJob(f"j{serial}", "abc"[x % 3], CLASSES[y % 3], 1 + z, 1 + w, 1 + (x + z) % 7)
+        enqueue_both(fq, model, job)
+    elif kind == "pick":
+        expected = model.pick(engine_id)
+        got = fq.pick("p", engine_id, now=1)
+        assert (got.job_id if got else None) == (expected.job_id if expected else None)
+    elif kind == "release" and running:
+        job_id = running[x % len(running)]
+        assert fq.release(job_id, 1 + y, z, now=2) == model.release(job_id, 1 + y, z)
+    elif kind == "cancel" and live:
+        job_id = live[x % len(live)]
+        assert fq.cancel(job_id, now=2) == model.cancel(job_id)
+    elif kind == "requeue" and running:
+        job_id = running[x % len(running)]
+        assert fq.requeue(job_id, now=2) == model.requeue(job_id)
+    elif kind == "load":
+        engine = model.engines[engine_id]
+        model.engines[engine_id] = EnginePolicy(
+            engine_id, "p", engine.kv_budget_bytes, engine.max_num_seqs,
+            engine.offline_load_threshold, y / 8,
+        )  # fmt: skip
+        fq.set_engine_load(engine_id, y / 8)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(ops=operations)
+def test_the_scripts_decide_as_the_model_does(
+    fq_redis: redis.Redis, ops: list[tuple[str, int, int, int, int]]
+) -> None:
+    fq, model = fresh(fq_redis)
+    for serial, op in enumerate(ops):
+        step(fq, model, op, serial)
+        assert fq.check().ok
+    counters = {(row.request_class, row.tenant): row.counter for row in fq.snapshot(now=3).queues}
+    assert counters == model.counters
+    snap = fq.snapshot()
+    assert snap.tenant_reserved_bytes == model.tenant_reserved
+    assert snap.engine_reserved_bytes == model.engine_reserved
