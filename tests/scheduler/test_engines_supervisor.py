@@ -1,0 +1,183 @@
+"""The engine supervisor with a stand-in vLLM server: lifecycle, failures, crash detection.
+
+The real vLLM CPU engine is driven by tests/e2e/test_engine_vllm_cpu.py.
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from config.errors import DomainError
+from scheduler.engines import process
+from scheduler.engines.supervisor import (
+    EngineStartError,
+    Timeouts,
+    engine_health_check,
+    engine_refresh,
+    engine_start,
+    engine_stop,
+)
+from scheduler.models import Device, Engine, EngineStatus
+from scheduler.services import NoRoom, device_register_cpu, engine_create
+from scheduler.units import GIB
+
+FAKE_SERVER = Path(__file__).with_name("fake_vllm_server.py")
+FAST = Timeouts(start_s=20, drain_s=2, stop_s=5, http_s=2, generate_s=5)
+NODE = "testnode"
+
+pytestmark = pytest.mark.django_db
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def fake_vllm(tmp_path: Path, settings, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An 'interpreter' that runs the fake server with vLLM's command line."""
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_SERVER} "$@"\n')
+    wrapper.chmod(0o755)
+    settings.GPUSHARE_VLLM_PYTHON = str(wrapper)
+    settings.GPUSHARE_ENGINE_DIR = tmp_path / "engines"
+    settings.GPUSHARE_NODE_NAME = NODE
+    monkeypatch.setenv("FAKE_VLLM_MODE", "ok")
+    return wrapper
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 2}))
+    return model
+
+
+@pytest.fixture
+def cpu(db: None) -> Device:
+    return device_register_cpu(node=NODE, kvcache_gib=2)
+
+
+@pytest.fixture
+def engine(cpu: Device, model_dir: Path, fake_vllm: Path):
+    created = engine_create(
+        name="fake",
+        model_path=str(model_dir),
+        served_model_name="tiny",
+        footprint_units=4,
+        port=free_port(),
+        device=cpu,
+    )
+    yield created
+    created.refresh_from_db()
+    if created.pid and process.is_running(created.pid):
+        process.terminate(created.pid, timeout_s=5)
+
+
+def test_it_starts_an_engine_through_warming_to_ready_with_its_kv_capacity(engine) -> None:
+    progress: list[str] = []
+    started = engine_start(name="fake", on_progress=progress.append, timeouts=FAST)
+    assert started.status == EngineStatus.READY
+    assert started.kv_capacity_tokens == 64 * 16
+    assert started.block_size == 16
+    assert process.is_engine_process(started.pid, port=started.port)
+    assert any("warming" in line for line in progress)
+    assert "KV capacity 1024 tokens" in progress[-1]
+    # A second start finds it ready and launches nothing.
+    again = engine_start(name="fake", timeouts=FAST)
+    assert again.pid == started.pid
+
+
+def test_it_drains_then_stops_and_the_process_is_gone(engine) -> None:
+    started = engine_start(name="fake", timeouts=FAST)
+    progress: list[str] = []
+    stopped = engine_stop(name="fake", on_progress=progress.append, timeouts=FAST)
+    assert stopped.status == EngineStatus.STOPPED
+    assert stopped.pid is None
+    assert not process.is_running(started.pid)
+    assert progress[:2] == ["fake: draining (up to 2 s)", "fake: drained"]
+
+
+def test_an_engine_that_dies_during_start_is_marked_failed_with_its_log(
+    engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_VLLM_MODE", "die")
+    with pytest.raises(EngineStartError, match="died while starting") as failed:
+        engine_start(name="fake", timeouts=FAST)
+    assert "exit code 3" in failed.value.message
+    assert "could not load the model" in failed.value.message
+    engine.refresh_from_db()
+    assert engine.status == EngineStatus.FAILED
+    assert "could not load the model" in engine.status_detail
+    assert engine.pid is None
+
+
+def test_an_engine_without_kv_capacity_in_its_metrics_is_not_ready(
+    engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_VLLM_MODE", "no_metrics")
+    with pytest.raises(EngineStartError, match="cache_config_info"):
+        engine_start(name="fake", timeouts=FAST)
+    engine.refresh_from_db()
+    assert engine.status == EngineStatus.FAILED
+
+
+def test_a_crashed_engine_is_detected_and_never_left_ready(engine) -> None:
+    started = engine_start(name="fake", timeouts=FAST)
+    os.killpg(started.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while process.is_running(started.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    checked = engine_refresh(engine=Engine.objects.get(name="fake"))
+    assert checked.status == EngineStatus.FAILED
+    assert f"process {started.pid} is gone while ready" in checked.status_detail
+    # Stopping a failed engine settles it as stopped.
+    assert engine_stop(name="fake", timeouts=FAST).status == EngineStatus.STOPPED
+
+
+def test_a_ready_engine_that_stops_answering_health_is_failed(engine) -> None:
+    started = engine_start(name="fake", timeouts=FAST)
+    os.kill(started.pid, signal.SIGSTOP)  # alive, but deaf
+    try:
+        checked = engine_health_check(engine=Engine.objects.get(name="fake"), timeouts=FAST)
+    finally:
+        os.kill(started.pid, signal.SIGCONT)
+    assert checked.status == EngineStatus.FAILED
+    assert "/health" in checked.status_detail
+
+
+def test_without_a_vllm_environment_start_says_to_run_setup(engine, settings, tmp_path) -> None:
+    settings.GPUSHARE_VLLM_PYTHON = ""
+    settings.GPUSHARE_CACHE_DIR = tmp_path / "empty-cache"
+    with pytest.raises(EngineStartError, match=r"run scripts/setup_vllm\.sh"):
+        engine_start(name="fake", timeouts=FAST)
+
+
+def test_start_refuses_when_running_engines_leave_no_room(engine, cpu, model_dir) -> None:
+    other = engine_create(
+        name="other",
+        model_path=str(model_dir),
+        served_model_name="x",
+        footprint_units=4,
+        port=free_port(),
+        device=cpu,
+    )
+    # Both fit the plan (8 units); squeeze the device as if the operator lowered its KV space.
+    Engine.objects.filter(pk=other.pk).update(status=EngineStatus.READY)
+    Device.objects.filter(pk=cpu.pk).update(capacity_units=6, memory_bytes=int(1.5 * GIB))
+    with pytest.raises(NoRoom, match="short by 2 units"):
+        engine_start(name="fake", timeouts=FAST)
+
+
+def test_an_engine_on_another_node_is_not_started_here(engine, settings) -> None:
+    settings.GPUSHARE_NODE_NAME = "elsewhere"
+    with pytest.raises(DomainError, match="start it on node 'testnode'"):
+        engine_start(name="fake", timeouts=FAST)
