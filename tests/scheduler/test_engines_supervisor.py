@@ -40,6 +40,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def pid_of(engine: Engine) -> int:
+    assert engine.pid is not None, f"{engine.name} has no process"
+    return engine.pid
+
+
 @pytest.fixture
 def fake_vllm(tmp_path: Path, settings, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An 'interpreter' that runs the fake server with vLLM's command line."""
@@ -88,7 +93,7 @@ def test_it_starts_an_engine_through_warming_to_ready_with_its_kv_capacity(engin
     assert started.status == EngineStatus.READY
     assert started.kv_capacity_tokens == 64 * 16
     assert started.block_size == 16
-    assert process.is_engine_process(started.pid, port=started.port)
+    assert process.is_engine_process(pid_of(started), port=started.port)
     assert any("warming" in line for line in progress)
     assert "KV capacity 1024 tokens" in progress[-1]
     # A second start finds it ready and launches nothing.
@@ -102,7 +107,7 @@ def test_it_drains_then_stops_and_the_process_is_gone(engine) -> None:
     stopped = engine_stop(name="fake", on_progress=progress.append, timeouts=FAST)
     assert stopped.status == EngineStatus.STOPPED
     assert stopped.pid is None
-    assert not process.is_running(started.pid)
+    assert not process.is_running(pid_of(started))
     assert progress[:2] == ["fake: draining (up to 2 s)", "fake: drained"]
 
 
@@ -132,9 +137,9 @@ def test_an_engine_without_kv_capacity_in_its_metrics_is_not_ready(
 
 def test_a_crashed_engine_is_detected_and_never_left_ready(engine) -> None:
     started = engine_start(name="fake", timeouts=FAST)
-    os.killpg(started.pid, signal.SIGKILL)
+    os.killpg(pid_of(started), signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while process.is_running(started.pid) and time.monotonic() < deadline:
+    while process.is_running(pid_of(started)) and time.monotonic() < deadline:
         time.sleep(0.1)
     checked = engine_refresh(engine=Engine.objects.get(name="fake"))
     assert checked.status == EngineStatus.FAILED
@@ -145,11 +150,11 @@ def test_a_crashed_engine_is_detected_and_never_left_ready(engine) -> None:
 
 def test_a_ready_engine_that_stops_answering_health_is_failed(engine) -> None:
     started = engine_start(name="fake", timeouts=FAST)
-    os.kill(started.pid, signal.SIGSTOP)  # alive, but deaf
+    os.kill(pid_of(started), signal.SIGSTOP)  # alive, but deaf
     try:
         checked = engine_health_check(engine=Engine.objects.get(name="fake"), timeouts=FAST)
     finally:
-        os.kill(started.pid, signal.SIGCONT)
+        os.kill(pid_of(started), signal.SIGCONT)
     assert checked.status == EngineStatus.FAILED
     assert "/health" in checked.status_detail
 
