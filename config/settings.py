@@ -213,3 +213,17 @@ GPUSHARE_SCHED_LEASE_S = env_float("GPUSHARE_SCHED_LEASE_S", 120.0)
 # How long a finished job's record and event list stay in Redis.
 GPUSHARE_SCHED_KEEP_S = env_int("GPUSHARE_SCHED_KEEP_S", 24 * 3600)
 GPUSHARE_SCHED_KEY_PREFIX = env_str("GPUSHARE_SCHED_KEY_PREFIX", "gs:fq:")
+
+# --- Online path (issue 5) ------------------------------------------------------------
+# Largest JSON body the OpenAI-compatible API accepts (413 above it).
+GPUSHARE_MAX_BODY_BYTES = env_int("GPUSHARE_MAX_BODY_BYTES", 4 * 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = GPUSHARE_MAX_BODY_BYTES
+GPUSHARE_HOUSEKEEPING_INTERVAL_S = env_float("GPUSHARE_HOUSEKEEPING_INTERVAL_S", 2.0)
+CELERY_BEAT_SCHEDULE = {
+    "housekeeping": {
+        "task": "workers.housekeeping",
+        "schedule": GPUSHARE_HOUSEKEEPING_INTERVAL_S,
+        # A tick nobody ran in time is worthless: the next one does the same work.
+        "options": {"expires": 5 * GPUSHARE_HOUSEKEEPING_INTERVAL_S},
+    },
+}

@@ -26,16 +26,19 @@ class TenantPrincipal:
     is_authenticated: bool = True
 
 
-class ApiKeyAuthentication(BaseAuthentication):
-    keyword = "Bearer"
+def authenticate_bearer(authorization: str) -> ApiKey:
+    """The live key of an `Authorization: Bearer gs-...` header, or InvalidApiKey."""
+    parts = authorization.split()
+    if len(parts) != 2 or parts[0].lower() != "bearer":
+        raise InvalidApiKey(
+            "You didn't provide an API key. Send it as 'Authorization: Bearer gs-...'."
+        )
+    return api_key_authenticate(raw_key=parts[1])
 
+
+class ApiKeyAuthentication(BaseAuthentication):
     def authenticate(self, request: Request) -> tuple[TenantPrincipal, ApiKey]:
-        header = get_authorization_header(request).decode("latin-1").split()
-        if len(header) != 2 or header[0].lower() != self.keyword.lower():
-            raise InvalidApiKey(
-                "You didn't provide an API key. Send it as 'Authorization: Bearer gs-...'."
-            )
-        api_key = api_key_authenticate(raw_key=header[1])
+        api_key = authenticate_bearer(get_authorization_header(request).decode("latin-1"))
         return TenantPrincipal(tenant=api_key.tenant, api_key=api_key), api_key
 
     def authenticate_header(self, request: Request) -> str:

@@ -15,7 +15,7 @@ from django.utils import timezone
 from config.errors import InvalidApiKey
 from scheduler.request_classes import REQUEST_CLASSES, RequestClass
 from tenants.keys import hash_key, new_key_material
-from tenants.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant, UsageRecord
 
 # Fields an operator may change with tenant_update; slug is the tenant's identity.
 TENANT_UPDATABLE_FIELDS = frozenset(
@@ -140,3 +140,12 @@ def _touch(api_key: ApiKey) -> None:
         Q(last_used_at__isnull=True) | Q(last_used_at__lte=stale)
     ).update(last_used_at=now)
     api_key.last_used_at = now
+
+
+def usage_record_write(*, request_id: str, tenant_id: int, **fields: Any) -> UsageRecord:
+    """Writes a finished request to the ledger once: a second write of the same request id
+    (a retried task, a job that ran twice) keeps the first row."""
+    record, _ = UsageRecord.objects.get_or_create(
+        request_id=request_id, defaults={"tenant_id": tenant_id, **fields}
+    )
+    return record

@@ -1,9 +1,19 @@
-"""Celery tasks. Each takes ids, calls a service and returns nothing worth keeping."""
+"""Celery tasks. Each takes ids (or plain data), calls a service and keeps no result."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
 
 from celery import shared_task
+from django.utils.dateparse import parse_datetime
 
 from config.redis import redis_client
+from scheduler.pools import fair_queue, sync_all_engines
+from tenants.services import usage_record_write
+from workers.dispatch import dispatch_pool
 
+log = logging.getLogger(__name__)
 PING_KEY = "gpushare:worker-ping:{token}"
 
 
@@ -11,3 +21,41 @@ PING_KEY = "gpushare:worker-ping:{token}"
 def ping(token: str) -> None:
     """Leave a mark in Redis, so a caller can see that a worker runs tasks end to end."""
     redis_client().set(PING_KEY.format(token=token), "pong", ex=60)
+
+
+@shared_task(name="workers.dispatch")
+def dispatch(pool: str) -> int:
+    """Run the pool's admissible jobs, fairest first, until none is admissible."""
+    return dispatch_pool(pool)
+
+
+@shared_task(name="workers.record_usage", autoretry_for=(Exception,), retry_backoff=True,
+             max_retries=10)  # fmt: skip
+def record_usage(fields: dict[str, Any]) -> None:
+    """Write one finished request to the ledger (idempotent on its request id)."""
+    finished_at = parse_datetime(fields.pop("finished_at"))
+    usage_record_write(finished_at=finished_at, **fields)
+
+
+@shared_task(name="workers.housekeeping")
+def housekeeping() -> dict[str, int]:
+    """Every few seconds: engines' policies to the queue, dead leases back to their queues,
+    waiting jobs past their class's timeout answered, pools with waiting work kicked."""
+    queue = fair_queue()
+    ready = sync_all_engines(queue)
+    reaped = queue.reap_expired_leases()
+    expired = queue.expire_waiting()
+    kicked = 0
+    for pool in sorted({row.pool for row in queue.snapshot().queues if row.waiting}):
+        dispatch.delay(pool)
+        kicked += 1
+    if reaped or expired:
+        log.info(
+            "housekeeping: %d leases reaped, %d waiting jobs expired", len(reaped), len(expired)
+        )
+    return {
+        "ready_engines": ready,
+        "reaped": len(reaped),
+        "expired": len(expired),
+        "kicked": kicked,
+    }

@@ -1,0 +1,231 @@
+"""OpenAI-compatible inference requests: parsing and validation. Plain Python, no Django.
+
+The platform checks what it must decide on (model, class, token bounds, stream options) and
+what would otherwise reach the engine as nonsense; every other field passes through to vLLM
+unchanged (temperature, top_p, stop, seed, logit_bias, ...). Errors name the field, as
+OpenAI's do (`param`), so a client sees what to fix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from scheduler.request_classes import REQUEST_CLASSES
+
+Endpoint = Literal["chat", "completions"]
+ENDPOINT_PATHS: dict[Endpoint, str] = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+}
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# Fields that are the platform's, not the engine's: they are removed before forwarding.
+PLATFORM_FIELDS = ("request_class",)
+# Per-message overhead of chat templates (role markers, separators), for the fallback bound.
+CHAT_TEMPLATE_OVERHEAD_TOKENS = 8
+
+
+class InvalidRequest(ValueError):
+    """A request the platform refuses as written (HTTP 400)."""
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    endpoint: Endpoint
+    model: str
+    body: dict[str, Any]  # what goes to the engine (platform fields removed)
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None  # as asked; None = up to the model's length
+    request_class: str | None  # asked in the body; the header or the key decide otherwise
+
+    @property
+    def path(self) -> str:
+        return ENDPOINT_PATHS[self.endpoint]
+
+
+def parse_inference_request(endpoint: Endpoint, body: Any) -> InferenceRequest:
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise InvalidRequest("You must provide a model parameter.", param="model")
+    if endpoint == "chat":
+        _check_messages(body.get("messages"))
+    else:
+        _check_prompt(body.get("prompt"))
+    max_tokens = _max_tokens(body)
+    _check_sampling(body)
+    stream = _optional_bool(body, "stream") or False
+    include_usage = _include_usage(body, stream)
+    request_class = body.get("request_class")
+    if request_class is not None and request_class not in REQUEST_CLASSES:
+        raise InvalidRequest(
+            f"Unknown request_class {request_class!r}; use one of {', '.join(REQUEST_CLASSES)}.",
+            param="request_class",
+        )
+    forwarded = {k: v for k, v in body.items() if k not in PLATFORM_FIELDS}
+    return InferenceRequest(
+        endpoint=endpoint,
+        model=model,
+        body=forwarded,
+        stream=stream,
+        include_usage=include_usage,
+        max_tokens=max_tokens,
+        request_class=request_class,
+    )
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequest("'messages' must be a non-empty array.", param="messages")
+    for i, message in enumerate(messages):
+        where = f"messages.[{i}]"
+        if not isinstance(message, dict):
+            raise InvalidRequest(f"{where} must be an object.", param=where)
+        if message.get("role") not in CHAT_ROLES:
+            raise InvalidRequest(
+                f"{where}.role must be one of {', '.join(sorted(CHAT_ROLES))}.",
+                param=f"{where}.role",
+            )
+        content = message.get("content")
+        if content is None and message.get("role") == "assistant":
+            continue  # an assistant turn that only called tools
+        if not isinstance(content, str | list):
+            raise InvalidRequest(
+                f"{where}.content must be a string or an array of parts.", param=f"{where}.content"
+            )
+
+
+def _check_prompt(prompt: Any) -> None:
+    if isinstance(prompt, str):
+        return
+    if isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt):
+        return
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        return
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise InvalidRequest(
+            "Send one prompt per request (a string or one array of token ids); "
+            "use the Batch API for many.",
+            param="prompt",
+        )
+    raise InvalidRequest("'prompt' must be a string or an array of token ids.", param="prompt")
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _max_tokens(body: dict[str, Any]) -> int | None:
+    asked: int | None = None
+    for field in ("max_completion_tokens", "max_tokens"):
+        value = body.get(field)
+        if value is None:
+            continue
+        if not _is_token_id(value) or value < 1:
+            raise InvalidRequest(f"'{field}' must be a positive integer.", param=field)
+        asked = value if asked is None else min(asked, value)
+    n = body.get("n", 1)
+    if n is not None and n != 1:
+        raise InvalidRequest("Only n=1 is supported: send one request per choice.", param="n")
+    return asked
+
+
+def _check_sampling(body: dict[str, Any]) -> None:
+    bounds = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "presence_penalty": (-2.0, 2.0),
+              "frequency_penalty": (-2.0, 2.0)}  # fmt: skip
+    for field, (low, high) in bounds.items():
+        value = body.get(field)
+        if value is None:
+            continue
+        if not _is_number(value) or not low <= value <= high:
+            raise InvalidRequest(
+                f"'{field}' must be a number from {low:g} to {high:g}.", param=field
+            )
+    seed = body.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise InvalidRequest("'seed' must be an integer.", param="seed")
+    stop = body.get("stop")
+    if stop is not None and not (
+        isinstance(stop, str)
+        or (isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) for s in stop))
+    ):
+        raise InvalidRequest("'stop' must be a string or up to 4 strings.", param="stop")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _optional_bool(body: dict[str, Any], field: str) -> bool | None:
+    value = body.get(field)
+    if value is not None and not isinstance(value, bool):
+        raise InvalidRequest(f"'{field}' must be true or false.", param=field)
+    return value
+
+
+def _include_usage(body: dict[str, Any], stream: bool) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise InvalidRequest(
+            "'stream_options' is only allowed when 'stream' is true.", param="stream_options"
+        )
+    if not isinstance(options, dict):
+        raise InvalidRequest("'stream_options' must be an object.", param="stream_options")
+    include = options.get("include_usage", False)
+    if not isinstance(include, bool):
+        raise InvalidRequest(
+            "'stream_options.include_usage' must be true or false.",
+            param="stream_options.include_usage",
+        )
+    return include
+
+
+def prompt_token_bound(request: InferenceRequest) -> int:
+    """An upper bound on the prompt's tokens without a tokenizer, used when the engine cannot
+    count them: byte-level BPE tokens cover at least one byte each, so UTF-8 bytes bound the
+    text, plus the chat template's markers per message."""
+    body = request.body
+    if request.endpoint == "completions":
+        prompt = body["prompt"]
+        if isinstance(prompt, list) and prompt and _is_token_id(prompt[0]):
+            return len(prompt)
+        text = prompt if isinstance(prompt, str) else prompt[0]
+        return len(text.encode("utf-8")) + 1
+    total = 0
+    for message in body["messages"]:
+        total += CHAT_TEMPLATE_OVERHEAD_TOKENS + _content_bytes(message.get("content"))
+    return total + CHAT_TEMPLATE_OVERHEAD_TOKENS
+
+
+def _content_bytes(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content.encode("utf-8"))
+    if isinstance(content, list):
+        return sum(
+            len(str(part.get("text", "")).encode("utf-8"))
+            for part in content
+            if isinstance(part, dict)
+        )
+    return 0
+
+
+def tokenize_request_body(request: InferenceRequest) -> dict[str, Any]:
+    """The body of vLLM's `/tokenize` that counts this request's prompt as the engine will."""
+    if request.endpoint == "chat":
+        return {"model": request.model, "messages": request.body["messages"],
+                "add_generation_prompt": True}  # fmt: skip
+    prompt = request.body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    return {"model": request.model, "prompt": prompt}

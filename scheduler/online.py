@@ -1,0 +1,309 @@
+"""The online path, web side: admit a request into the fair queue, then follow its events.
+
+    authenticate -> validate -> route to a pool -> count the prompt (the engine's /tokenize)
+    -> bound max_tokens by the model's length -> KV cost -> rate limits -> enqueue -> wait
+
+The waiting side is asynchronous (an ASGI view holds no thread while a request waits in
+the queue or streams); the database work before enqueueing runs in Django's sync thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from config.errors import DomainError, Forbidden, NotFound
+from scheduler.fairqueue.domain import Job, JobRejected, JobState
+from scheduler.inference import (
+    InferenceRequest,
+    prompt_token_bound,
+    tokenize_request_body,
+)
+from scheduler.kvcost import kv_cost_bytes
+from scheduler.models import Engine
+from scheduler.pools import Route, fair_queue, route_for, sync_tenant
+from tenants.auth import authenticate_bearer
+from tenants.limits import limits_admit
+from tenants.models import ApiKey
+
+log = logging.getLogger(__name__)
+
+
+class BadRequest(DomainError):
+    code = "invalid_request_error"
+
+
+class ContextTooLong(DomainError):
+    code = "context_length_exceeded"
+
+
+class ModelNotFound(NotFound):
+    code = "model_not_found"
+
+
+class Unavailable(DomainError):
+    http_status = 503
+    error_type = "server_error"
+    code = "engine_unavailable"
+
+
+class QueueTimeout(Unavailable):
+    code = "queue_timeout"
+
+
+class OverQuota(DomainError):
+    http_status = 429
+    error_type = "insufficient_quota"
+    code = "insufficient_quota"
+
+
+class RequestTooLarge(DomainError):
+    http_status = 413
+    code = "request_too_large"
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request in the queue, and what its waiter needs to follow it."""
+
+    job: Job
+    request: InferenceRequest
+    tenant_id: int
+    api_key_id: int
+    received_at: float
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    api_key: ApiKey
+    request: InferenceRequest
+    request_class: str
+    route: Route
+
+
+def check_body_size(content_length: str | None, body: bytes | None = None) -> None:
+    limit = settings.GPUSHARE_MAX_BODY_BYTES
+    size = len(body) if body is not None else int(content_length or 0)
+    if size > limit:
+        raise RequestTooLarge(f"The request body is {size} bytes; the limit is {limit} bytes.")
+
+
+def parse_json_body(body: bytes) -> Any:
+    try:
+        return json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadRequest("The request body is not valid UTF-8.") from None
+    except ValueError as exc:
+        raise BadRequest(f"The request body is not valid JSON: {exc}") from None
+
+
+def _prepare(authorization: str, request: InferenceRequest, class_header: str) -> _Prepared:
+    """Everything that needs the database, in one trip to the sync thread."""
+    api_key = authenticate_bearer(authorization)
+    tenant = api_key.tenant
+    request_class = class_header or request.request_class or api_key.default_class
+    if request_class not in ("interactive", "standard", "offline"):
+        raise BadRequest(f"Unknown request class {request_class!r}.", param="X-Request-Class")
+    if not tenant.allows_class(request_class):
+        raise Forbidden(
+            f"Tenant '{tenant.slug}' may not send {request_class} requests "
+            f"(allowed: {', '.join(tenant.allowed_classes)}).",
+            code="class_not_allowed",
+        )
+    if not tenant.allows_model(request.model):
+        raise Forbidden(
+            f"Tenant '{tenant.slug}' may not use model '{request.model}'.",
+            param="model",
+            code="model_not_allowed",
+        )
+    route = route_for(tenant=tenant, served_model_name=request.model)
+    if route is None:
+        if not Engine.objects.filter(served_model_name=request.model).exists():
+            raise ModelNotFound(f"The model '{request.model}' does not exist.", param="model")
+        raise Unavailable(f"No engine of '{request.model}' is ready; retry shortly.")
+    return _Prepared(api_key, request, request_class, route)
+
+
+async def count_prompt_tokens(request: InferenceRequest, engine: Engine) -> int:
+    """The prompt's tokens as the engine counts them (chat template included); the UTF-8
+    bound if the engine cannot say. Token-id prompts are their own count."""
+    prompt = request.body.get("prompt")
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        return len(prompt)
+    try:
+        async with httpx.AsyncClient(base_url=engine.base_url, timeout=5.0) as client:
+            response = await client.post("/tokenize", json=tokenize_request_body(request))
+        if response.status_code == 200:
+            return int(response.json()["count"])
+        log.info("tokenize answered %s; using the byte bound", response.status_code)
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        log.info("tokenize failed (%s); using the byte bound", exc)
+    return prompt_token_bound(request)
+
+
+def _bounded_max_tokens(request: InferenceRequest, prompt_tokens: int, max_model_len: int) -> int:
+    room = max_model_len - prompt_tokens
+    if room < 1 or (request.max_tokens is not None and request.max_tokens > room):
+        asked = request.max_tokens if request.max_tokens is not None else 1
+        raise ContextTooLong(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_tokens + asked} tokens ({prompt_tokens} in the messages, "
+            f"{asked} in the completion). Please reduce the length of the messages or "
+            "completion.",
+            param="messages" if request.endpoint == "chat" else "prompt",
+        )
+    return request.max_tokens if request.max_tokens is not None else room
+
+
+def _enqueue(prepared: _Prepared, prompt_tokens: int, received_at: float) -> Admitted:
+    from workers.tasks import dispatch  # workers import this app, not the other way round
+
+    api_key, request, route = prepared.api_key, prepared.request, prepared.route
+    engine = route.engine
+    max_tokens = _bounded_max_tokens(request, prompt_tokens, engine.max_model_len)
+    body = {**request.body, "max_tokens": max_tokens}
+    body.pop("max_completion_tokens", None)
+    admission = limits_admit(tenant=api_key.tenant, estimated_tokens=prompt_tokens + max_tokens)
+    queue = fair_queue()
+    sync_tenant(api_key.tenant, queue)
+    job_id = uuid.uuid4().hex
+    payload = {
+        "endpoint": request.endpoint,
+        "body": body,
+        "stream": request.stream,
+        "include_usage": request.include_usage,
+        "tenant_id": api_key.tenant_id,
+        "api_key_id": api_key.pk,
+        "model": request.model,
+        "admission": asdict(admission),
+        "received_at": received_at,
+    }
+    kv_bytes = kv_cost_bytes(
+        bytes_per_token=route.kv_bytes_per_token,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        block_size=engine.block_size,
+    )
+    try:
+        job = queue.enqueue(
+            tenant=api_key.tenant.slug,
+            pool=route.pool,
+            request_class=prepared.request_class,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            kv_bytes=kv_bytes,
+            payload=json.dumps(payload),
+            job_id=job_id,
+        )
+    except JobRejected as exc:
+        raise _rejection(exc) from None
+    dispatch.delay(route.pool)
+    return Admitted(job, request, api_key.tenant_id, api_key.pk, received_at)
+
+
+def _rejection(exc: JobRejected) -> DomainError:
+    if exc.reason == "larger_than_quota":
+        return OverQuota(
+            f"This request needs more GPU memory than the tenant's quota and burst allow: "
+            f"{exc.message}. Lower max_tokens or ask for a larger quota."
+        )
+    if exc.reason == "larger_than_engine":
+        return BadRequest(
+            f"This request needs more KV cache than any engine of the model has: "
+            f"{exc.message}. Lower max_tokens.",
+            param="max_tokens",
+        )
+    return Unavailable(f"The request could not be queued: {exc.message}.")
+
+
+async def admit(*, authorization: str, request: InferenceRequest, class_header: str) -> Admitted:
+    received_at = time.time()
+    prepared = await sync_to_async(_prepare)(authorization, request, class_header)
+    prompt_tokens = await count_prompt_tokens(request, prepared.route.engine)
+    return await sync_to_async(_enqueue)(prepared, prompt_tokens, received_at)
+
+
+# Events that end a job's story for its waiter.
+FINAL_EVENTS = frozenset({"done", "error", "expired", "cancelled"})
+
+
+async def follow(admitted: Admitted) -> AsyncIterator[dict[str, Any]]:
+    """The job's events for its current run, in order, until a final one. A run that was
+    requeued yields a ``requeued`` event; its leftovers are skipped after that."""
+    queue = fair_queue()
+    key = queue.keys.events(admitted.job.job_id)
+    generate_s = float(settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S)
+    attempt: int | None = None
+    last_event = time.time()
+    client = aioredis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+    try:
+        while True:
+            answer = await client.blpop([key], timeout=1)
+            now = time.time()
+            if answer is None:
+                _check_still_coming(admitted, attempt, now - last_event, generate_s)
+                continue
+            last_event = now
+            event: dict[str, Any] = json.loads(answer[1])
+            kind = event.get("event")
+            if kind == "picked":
+                attempt = event.get("attempt")
+                yield event
+                continue
+            if kind in ("chunk", "done", "error") and event.get("attempt") != attempt:
+                continue  # a stale run's words
+            if kind == "requeued":
+                attempt = None
+            yield event
+            if kind in FINAL_EVENTS:
+                return
+    finally:
+        await client.aclose()
+
+
+def _check_still_coming(
+    admitted: Admitted, attempt: int | None, silent_s: float, generate_s: float
+) -> None:
+    """Called each second without news: a queued job past its deadline is timed out here
+    (without waiting for housekeeping); a running job silent too long is given up."""
+    job_id = admitted.job.job_id
+    now = time.time()
+    if attempt is None and now > admitted.job.deadline + 1.0:
+        job = fair_queue().get_job(job_id)
+        if job is not None and job.state == JobState.QUEUED:
+            fair_queue().cancel(job_id, reason="queue_timeout")
+            raise _queue_timeout(admitted)
+    if attempt is not None and silent_s > generate_s:
+        fair_queue().cancel(job_id, reason="engine_silent")
+        raise Unavailable("The engine stopped answering this request; please retry.")
+
+
+def _queue_timeout(admitted: Admitted) -> QueueTimeout:
+    waited = time.time() - admitted.received_at
+    return QueueTimeout(
+        f"The request waited {waited:.0f} s in the {admitted.job.request_class} queue without "
+        "free capacity; please retry later.",
+        headers={"Retry-After": "5"},
+    )
+
+
+def expired_error(admitted: Admitted) -> QueueTimeout:
+    return _queue_timeout(admitted)
+
+
+def cancel(admitted: Admitted, reason: str) -> None:
+    """The waiter went away: free the job's place or its engine slot (sync, quick)."""
+    try:
+        fair_queue().cancel(admitted.job.job_id, reason=reason)
+    except Exception:
+        log.warning("could not cancel job %s", admitted.job.job_id, exc_info=True)

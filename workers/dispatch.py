@@ -1,0 +1,97 @@
+"""A worker thread's loop: pick the fairest admissible job of a pool, run it, record it.
+
+One `dispatch(pool)` task keeps its thread busy while the pool has admissible work, so a job
+that ends makes room for the next one without waiting for a new message; the housekeeping
+beat kicks pools that still have waiting work, in case a message was lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from scheduler.engines.supervisor import engine_client
+from scheduler.fairqueue.domain import Job
+from scheduler.fairqueue.queue import FairQueue
+from scheduler.models import Engine
+from scheduler.pools import engines_to_pick_for, fair_queue
+from scheduler.units import UNIT_BYTES
+from tenants.limits import Admission, limits_settle
+from workers.runner import RunResult, reserved_unit_seconds, run_job
+
+log = logging.getLogger(__name__)
+
+
+def pick_next(queue: FairQueue, pool: str) -> Job | None:
+    for engine_id in engines_to_pick_for(pool, queue):
+        job = queue.pick(pool, engine_id)
+        if job is not None:
+            return job
+    return None
+
+
+def dispatch_pool(pool: str, *, max_jobs: int = 10_000) -> int:
+    """Runs the pool's admissible jobs one after another; returns how many ran."""
+    queue = fair_queue()
+    ran = 0
+    while ran < max_jobs:
+        job = pick_next(queue, pool)
+        if job is None:
+            break
+        run_picked(queue, job)
+        ran += 1
+    return ran
+
+
+def run_picked(queue: FairQueue, job: Job) -> RunResult:
+    engine = Engine.objects.filter(name=job.engine_id).first()
+    if engine is None:  # removed while the job waited: give it back for another engine
+        queue.requeue(job.job_id, attempt=job.attempt, reason="engine_removed")
+        return RunResult(outcome="requeued")
+    with engine_client(engine) as client:
+        result = run_job(queue, job, client)
+    if result.outcome != "requeued":
+        settle_and_record(job, result)
+    return result
+
+
+def settle_and_record(job: Job, result: RunResult) -> None:
+    from workers.tasks import record_usage  # the task module imports this one
+
+    request = json.loads(job.payload)
+    used = result.prompt_tokens + result.completion_tokens
+    admission = request.get("admission")
+    if admission:
+        try:
+            limits_settle(admission=Admission(**admission), used_tokens=used)
+        except Exception:  # a missed refund only errs on the strict side
+            log.warning("could not settle limits of job %s", job.job_id, exc_info=True)
+    record_usage.delay(usage_fields(job, request, result))
+
+
+def usage_fields(job: Job, request: dict[str, Any], result: RunResult) -> dict[str, Any]:
+    received = float(request.get("received_at") or job.enqueued_at)
+    ttft = result.first_token_at - received if result.first_token_at else None
+    return {
+        "request_id": job.job_id,
+        "tenant_id": request["tenant_id"],
+        "api_key_id": request.get("api_key_id"),
+        "model": request["model"],
+        "engine": job.engine_id,
+        "request_class": job.request_class,
+        "batch_id": request.get("batch_id", ""),
+        "endpoint": request["endpoint"],
+        "outcome": result.outcome,
+        "status_code": result.status_code,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "reserved_units": job.kv_bytes / UNIT_BYTES,
+        "reserved_unit_seconds": reserved_unit_seconds(job, result),
+        "queue_wait_ms": int(max(0.0, result.started_at - received) * 1000),
+        "ttft_ms": int(ttft * 1000) if ttft is not None else None,
+        "latency_ms": int(max(0.0, result.finished_at - received) * 1000),
+        "error_code": result.error_code,
+        "finished_at": datetime.fromtimestamp(result.finished_at, tz=UTC).isoformat(),
+    }

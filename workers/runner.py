@@ -1,0 +1,213 @@
+"""Running one picked job on its engine, and telling its waiter what happens.
+
+A worker thread asks the fair queue for the fairest admissible job of a pool (the queue has
+already reserved its KV memory and leased it to us), runs it against the engine it was picked
+for, relays what the engine says through the job's event list, then releases the reservation
+with the real token counts. However the job ends, it is released exactly once: `release` is
+idempotent, and a job whose lease we lost (we were too slow, or it was cancelled) is not ours
+to finish any more.
+
+Events the waiter reads (each with the `attempt` it belongs to, so a stale run's words are
+ignored after a requeue): ``chunk`` (one streamed chunk from the engine), ``done`` (the
+response body when not streaming, and the usage), ``error`` (status and OpenAI-style body).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.engines.client import EngineClient, EngineRequestError, EngineUnavailable
+from scheduler.fairqueue.domain import Job
+from scheduler.fairqueue.queue import FairQueue
+from scheduler.units import UNIT_BYTES
+
+log = logging.getLogger(__name__)
+
+# A job whose engine fails this many times is answered with an error, not retried forever.
+MAX_ATTEMPTS = 3
+
+
+@dataclass
+class RunResult:
+    """What the ledger needs to know about one run."""
+
+    outcome: str
+    status_code: int = 200
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    started_at: float = field(default_factory=time.time)
+    first_token_at: float | None = None
+    finished_at: float = 0.0
+    error_code: str = ""
+
+
+class LeaseKeeper:
+    """Renews the job's lease while it runs; `lost` tells the runner to stop (the job was
+    cancelled, or reaped because we were presumed dead)."""
+
+    def __init__(self, queue: FairQueue, job: Job) -> None:
+        self._queue, self._job = queue, job
+        self._stop = threading.Event()
+        self.lost = threading.Event()
+        interval = max(0.5, queue.config.lease_s / 3)
+        self._thread = threading.Thread(target=self._renew, args=(interval,), daemon=True)
+        self._thread.start()
+
+    def _renew(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                if not self._queue.renew_lease(self._job.job_id, self._job.attempt):
+                    self.lost.set()
+                    return
+            except Exception:  # Redis briefly away: keep trying until the lease runs out
+                log.warning("could not renew the lease of job %s", self._job.job_id, exc_info=True)
+
+    def still_ours(self) -> bool:
+        if self.lost.is_set():
+            return False
+        job = self._queue.get_job(self._job.job_id)
+        return job is not None and job.state == "running" and job.attempt == self._job.attempt
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _openai_error(message: str, code: str, error_type: str = "server_error") -> dict[str, Any]:
+    return {"error": {"message": message, "type": error_type, "code": code, "param": None}}
+
+
+def run_job(queue: FairQueue, job: Job, client: EngineClient) -> RunResult:
+    """Runs `job` on `client`'s engine; returns what happened (the ledger's row)."""
+    request = json.loads(job.payload)
+    keeper = LeaseKeeper(queue, job)
+    result = RunResult(outcome="success")
+    try:
+        if request["stream"]:
+            _run_streaming(queue, job, client, request, keeper, result)
+        else:
+            _run_whole(queue, job, client, request, result)
+    except EngineRequestError as exc:
+        _answer_engine_refusal(queue, job, exc, result)
+    except EngineUnavailable as exc:
+        keeper.stop()
+        return _engine_lost(queue, job, str(exc), result)
+    except Exception as exc:  # never leave a waiter hanging on a bug
+        log.exception("job %s failed", job.job_id)
+        result.outcome, result.status_code, result.error_code = "error", 500, "internal_error"
+        body = _openai_error(f"The job failed: {exc}", "internal_error")
+        _publish(queue, job, {"event": "error", "status": 500, "body": body})
+    finally:
+        keeper.stop()
+    if keeper.lost.is_set() and result.outcome == "success":
+        result.outcome = "cancelled"
+    result.finished_at = time.time()
+    queue.release(job.job_id, result.prompt_tokens, result.completion_tokens, attempt=job.attempt)
+    return result
+
+
+def _engine_body(request: dict[str, Any]) -> dict[str, Any]:
+    body = dict(request["body"])
+    if request["stream"]:
+        # Always ask for usage, to charge the real tokens; the view drops it if not asked.
+        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+    return body
+
+
+def _stream_chunks(client: EngineClient, request: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    body = _engine_body(request)
+    if request["endpoint"] == "chat":
+        return client.stream_chat(body)
+    return client.stream_completion(body)
+
+
+def _run_streaming(
+    queue: FairQueue,
+    job: Job,
+    client: EngineClient,
+    request: dict[str, Any],
+    keeper: LeaseKeeper,
+    result: RunResult,
+) -> None:
+    chunks = _stream_chunks(client, request)
+    try:
+        for chunk in chunks:
+            if keeper.lost.is_set():
+                return  # closing the stream makes vLLM abort the request
+            if result.first_token_at is None and chunk.get("choices"):
+                result.first_token_at = time.time()
+            usage = chunk.get("usage")
+            if usage:
+                result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                result.completion_tokens = int(usage.get("completion_tokens") or 0)
+            _publish(queue, job, {"event": "chunk", "data": chunk})
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+    _publish(queue, job, {"event": "done", "usage": _usage(result)})
+
+
+def _run_whole(
+    queue: FairQueue, job: Job, client: EngineClient, request: dict[str, Any], result: RunResult
+) -> None:
+    body = _engine_body(request)
+    response = client.chat(body) if request["endpoint"] == "chat" else client.completion(body)
+    result.first_token_at = time.time()
+    usage = response.get("usage") or {}
+    result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    result.completion_tokens = int(usage.get("completion_tokens") or 0)
+    _publish(queue, job, {"event": "done", "body": response, "usage": _usage(result)})
+
+
+def _usage(result: RunResult) -> dict[str, int]:
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+    }
+
+
+def _answer_engine_refusal(
+    queue: FairQueue, job: Job, exc: EngineRequestError, result: RunResult
+) -> None:
+    """The engine refused the request itself (a 4xx): the client's to fix; pass it on."""
+    try:
+        body = json.loads(exc.body)
+        message = body.get("message") or body.get("error", {}).get("message") or exc.body
+    except (ValueError, AttributeError):
+        message = exc.body
+    result.outcome, result.status_code, result.error_code = "error", exc.status_code, "engine_400"
+    error = _openai_error(str(message)[:2000], "invalid_request", "invalid_request_error")
+    _publish(queue, job, {"event": "error", "status": exc.status_code, "body": error})
+
+
+def _engine_lost(queue: FairQueue, job: Job, detail: str, result: RunResult) -> RunResult:
+    """The engine could not be reached or crashed mid-request: try another run, a few times."""
+    log.warning("job %s: engine %s unavailable: %s", job.job_id, job.engine_id, detail)
+    result.finished_at = time.time()
+    if job.attempt < MAX_ATTEMPTS and queue.requeue(
+        job.job_id, attempt=job.attempt, reason="engine_unavailable"
+    ):
+        result.outcome = "requeued"
+        return result
+    result.outcome, result.status_code, result.error_code = "error", 503, "engine_unavailable"
+    _publish(queue, job, {"event": "error", "status": 503, "body": _openai_error(
+        "The model's engine failed while running this request; please retry.",
+        "engine_unavailable")})  # fmt: skip
+    queue.release(job.job_id, 0, 0, attempt=job.attempt)
+    return result
+
+
+def _publish(queue: FairQueue, job: Job, event: dict[str, Any]) -> None:
+    queue.publish(job.job_id, {**event, "attempt": job.attempt})
+
+
+def reserved_unit_seconds(job: Job, result: RunResult) -> float:
+    return job.kv_bytes / UNIT_BYTES * max(0.0, result.finished_at - result.started_at)
