@@ -3,8 +3,9 @@
 Every operation that changes who runs next (enqueue, pick, release, cancel, requeue, reap,
 expire, renew) is one Lua script: `lua/lib.lua` (shared helpers) followed by the script's
 own file, registered once per client and called by SHA (redis-py's `Script` falls back to
-EVAL-and-load when Redis answers NOSCRIPT, e.g. after a restart). Times are passed in as
-`now` (seconds, default `time.time()`), so tests can drive the clock.
+EVAL-and-load when Redis answers NOSCRIPT, e.g. after a restart). Time is Redis's own clock
+(TIME inside the script), so hosts whose clocks differ still agree on leases and deadlines;
+tests pass `now` (seconds) to drive the clock.
 
 Pick rule (details in `lua/pick.lua`, pure reference in `model.py`):
 - classes: stride scheduling on a class virtual time per pool; the chosen class advances by
@@ -29,7 +30,6 @@ subscribe and publish as it could be with pub/sub.
 """
 
 import json
-import time
 import uuid
 from collections.abc import Mapping
 from functools import cache
@@ -134,8 +134,8 @@ class FairQueue:
     # --- the decisions --------------------------------------------------------------------
 
     def _run(self, name: str, *args: Any, now: float | None = None) -> Any:
-        moment = time.time() if now is None else now
-        head: list[str | int] = [self.config.prefix, repr(float(moment)), self.config.keep_s]
+        moment = "" if now is None else repr(float(now))
+        head: list[str | int] = [self.config.prefix, moment, self.config.keep_s]
         return self._scripts[name](keys=[], args=[*head, *args])
 
     def enqueue(
@@ -160,8 +160,7 @@ class FairQueue:
             raise ValueError("token counts and KV bytes cannot be negative")
         job_id = check_id("job", job_id or uuid.uuid4().hex)
         check_id("tenant", tenant)
-        moment = time.time() if now is None else now
-        deadline = moment + self.config.queue_timeouts_s[request_class]
+        timeout = repr(float(self.config.queue_timeouts_s[request_class]))
         answer = self._run(
             "enqueue",
             job_id,
@@ -171,9 +170,9 @@ class FairQueue:
             prompt_tokens,
             max_tokens,
             kv_bytes,
-            repr(deadline),
+            timeout,
             payload,
-            now=moment,
+            now=now,
         )
         status = [_text(part) for part in answer]
         if status[0] != "ok":
@@ -187,8 +186,8 @@ class FairQueue:
             max_tokens=max_tokens,
             kv_bytes=kv_bytes,
             payload=payload,
-            enqueued_at=moment,
-            deadline=deadline,
+            enqueued_at=float(status[1]),
+            deadline=float(status[2]),
         )
 
     def pick(self, pool: str, engine_id: str, now: float | None = None) -> Job | None:
@@ -296,12 +295,14 @@ class FairQueue:
     def snapshot(self, now: float | None = None) -> Snapshot:
         """Queues per pool, class and tenant, and reservations. Read without a lock: for
         people and dashboards, not for decisions."""
-        moment = time.time() if now is None else now
+        if now is None:
+            seconds, micros = self.redis.time()
+            now = seconds + micros / 1e6
         running = self._running_counts()
         rows: list[QueueRow] = []
         for pool in sorted(_text(p) for p in self.redis.smembers(self.keys.pools())):
             for request_class in REQUEST_CLASSES:
-                rows.extend(self._queue_rows(pool, request_class, running, moment))
+                rows.extend(self._queue_rows(pool, request_class, running, now))
         tenants = sorted(_text(t) for t in self.redis.smembers(self.keys.tenants()))
         engines = sorted(_text(e) for e in self.redis.smembers(self.keys.engines()))
         engine_use = [self._hash(self.keys.engine_usage(e)) for e in engines]

@@ -75,6 +75,28 @@ def test_a_pick_never_hands_out_a_job_past_its_deadline(fq: FairQueue) -> None:
     assert fq.get_job(stale.job_id).state == "expired"  # type: ignore[union-attr]
 
 
+def test_a_pick_scans_past_many_expired_heads(fq: FairQueue) -> None:
+    fq.set_engine_policy(EnginePolicy("e1", "p", 8 * UNIT, 8))
+    for i in range(40):  # more than a page of the backlog
+        fq.set_tenant_policy(f"t{i:02}", TenantPolicy(1, UNIT))
+        fq.enqueue(tenant=f"t{i:02}", pool="p", request_class="interactive", prompt_tokens=1,
+                   max_tokens=1, kv_bytes=UNIT, now=0)  # fmt: skip
+    fq.set_tenant_policy("t20x", TenantPolicy(1, UNIT))  # in the middle of the backlog
+    late = fq.enqueue(tenant="t20x", pool="p", request_class="interactive", prompt_tokens=1,
+                      max_tokens=1, kv_bytes=UNIT, now=50)  # fmt: skip
+    assert pick(fq, now=60).job_id == late.job_id
+    assert fq.check().ok
+
+
+def test_without_now_the_scripts_use_redis_clock(fq: FairQueue, fq_redis: redis.Redis) -> None:
+    setup_pool(fq)
+    seconds, micros = fq_redis.time()
+    job = fq.enqueue(tenant="a", pool="p", request_class="interactive", prompt_tokens=1,
+                     max_tokens=1, kv_bytes=UNIT)  # fmt: skip
+    assert abs(job.enqueued_at - (seconds + micros / 1e6)) < 5
+    assert job.deadline == job.enqueued_at + 30
+
+
 def test_each_class_has_its_own_timeout(fq_redis: redis.Redis) -> None:
     timeouts = {"interactive": 1.0, "standard": 2.0, "offline": 3.0}
     fq = FairQueue(fq_redis, FairQueueConfig(queue_timeouts_s=timeouts))

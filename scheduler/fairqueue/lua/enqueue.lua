@@ -1,9 +1,10 @@
 -- Enqueue one job at the tail of its tenant's queue, or reject what can never run.
--- ARGV[4..]: job_id, tenant, pool, class, prompt_tokens, max_tokens, kv_bytes, deadline, payload
--- Returns {'ok'} or {'rejected', reason, detail}.
+-- ARGV[4..]: job_id, tenant, pool, class, prompt_tokens, max_tokens, kv_bytes, queue timeout
+-- (seconds), payload. Returns {'ok', enqueued_at, deadline} or {'rejected', reason, detail}.
 local job_id, tenant, pool, cls = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local prompt_tokens, max_tokens = tonumber(ARGV[8]), tonumber(ARGV[9])
-local kv_bytes, deadline, payload = tonumber(ARGV[10]), tonumber(ARGV[11]), ARGV[12]
+local kv_bytes, payload = tonumber(ARGV[10]), ARGV[12]
+local deadline = NOW + tonumber(ARGV[11])
 
 if redis.call('EXISTS', k_job(job_id)) == 1 then
   return {'rejected', 'duplicate_job', 'a job with this id already exists'}
@@ -38,4 +39,4 @@ redis.call('HSET', k_job(job_id), 'tenant', tenant, 'pool', pool, 'cls', cls,
 redis.call('ZADD', k_waiting(), fmt(deadline), job_id)
 redis.call('SADD', k_pools(), pool)
 queue_job(job_id, pool, cls, tenant, false)
-return {'ok'}
+return {'ok', fmt(NOW), fmt(deadline)}

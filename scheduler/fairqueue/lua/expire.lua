@@ -2,7 +2,7 @@
 -- ARGV[4]: limit. Returns the expired job ids.
 local limit = tonumber(ARGV[4])
 local expired = {}
-for _, job_id in ipairs(redis.call('ZRANGEBYSCORE', k_waiting(), '-inf', NOW, 'LIMIT', 0, limit)) do
+for _, job_id in ipairs(redis.call('ZRANGEBYSCORE', k_waiting(), '-inf', fmt(NOW), 'LIMIT', 0, limit)) do
   local job = hgetall(k_job(job_id))
   if job.state == 'queued' then
     expire_queued(job_id, job)

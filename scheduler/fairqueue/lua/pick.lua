@@ -51,10 +51,32 @@ local function live_head(queue)
   end
 end
 
+-- Backlogged tenants of a class, least counter first, read in pages: the first tenant
+-- usually has an admissible job, so most picks read one page, however many tenants wait.
+local PAGE = 16
+local function backlogged(cls)
+  local key = k_backlog(pool, cls)
+  local start, size = 0, redis.call('ZCARD', key)
+  local page, index = redis.call('ZRANGE', key, 0, PAGE - 1), 0
+  return function()
+    index = index + 1
+    if index > #page then
+      if #page < PAGE then return nil end
+      -- Expiry during the scan removes only tenants already visited (nothing joins during a
+      -- pick), so the unvisited ones moved up by as many places as the backlog shrank.
+      local new_size = redis.call('ZCARD', key)
+      start, size = start + PAGE - (size - new_size), new_size
+      page, index = redis.call('ZRANGE', key, start, start + PAGE - 1), 1
+      if #page == 0 then return nil end
+    end
+    return page[index]
+  end
+end
+
 -- First admissible head job of the class; also says whether one would fit with burst.
 local function candidate(cls, allow_burst)
   local would_burst = false
-  for _, tenant in ipairs(redis.call('ZRANGE', k_backlog(pool, cls), 0, -1)) do
+  for tenant in backlogged(cls) do
     local job_id, job = live_head(k_queue(pool, cls, tenant))
     if job_id then
       local cost = num(job.kv_bytes)

@@ -3,7 +3,7 @@
 local limit = tonumber(ARGV[4])
 local timeouts = timeouts_from(5)
 local reaped = {}
-for _, job_id in ipairs(redis.call('ZRANGEBYSCORE', k_inflight(), '-inf', NOW, 'LIMIT', 0, limit)) do
+for _, job_id in ipairs(redis.call('ZRANGEBYSCORE', k_inflight(), '-inf', fmt(NOW), 'LIMIT', 0, limit)) do
   local job = hgetall(k_job(job_id))
   if job.state == 'running' then
     requeue_running(job_id, job, timeouts, 'lease_expired')
