@@ -22,6 +22,18 @@ Pick rule (details in `lua/pick.lua`, pure reference in `model.py`):
   of the pool (in a class open on this engine) that this engine could run within its
   tenant's quota. Borrowed burst is not pre-empted; it returns when the job ends.
 
+Worker protocol: `pick` -> run -> `renew_lease(job_id, attempt)` every lease/3 or so (False
+means the job was cancelled or reaped: stop) -> `release(job_id, prompt, completion,
+attempt=...)`; or `requeue(job_id, attempt=...)` to give it back. Passing `attempt` makes a
+stale worker (whose lease was reaped and whose job runs again elsewhere) harmless: its
+release, renew and requeue are no-ops. A pick on an unknown engine, or on an engine of
+another pool, raises redis.ResponseError.
+
+Known limits: a job larger than the engine's free KV budget is passed over for smaller ones
+behind it (no reservation ahead for big jobs), so under constant small-job pressure a big
+job can wait until its queue timeout; its tenant's low counter puts it first whenever room
+appears. Cancelling a running job charges its prompt only (its output is unknown here).
+
 Waiter notification: each job has an event list (`Keys.events`). The scheduler appends
 JSON events ``picked``, ``requeued``, ``expired`` (reason ``queue_timeout``) and
 ``cancelled``; the worker appends its own through `publish` (chunks, ``done``, ``error``).
