@@ -8,10 +8,12 @@ another tenant.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from django.db.models import Q, QuerySet, Sum
 
 from config.errors import NotFound
+from scheduler.kvcost import kv_bytes_per_token
 from scheduler.models import LIVE_STATUSES, Device, DeviceKind, Engine, EngineStatus
 from scheduler.placement import DeviceRoom
 from tenants.models import Tenant
@@ -77,6 +79,28 @@ def engine_ready_for_tenant(*, served_model_name: str, tenant: Tenant) -> QueryS
     the tenant's own dedicated ones. Workers send work to `engine.base_url`."""
     return engine_list(served_model_name=served_model_name, status=EngineStatus.READY).filter(
         Q(dedicated_tenant__isnull=True) | Q(dedicated_tenant=tenant)
+    )
+
+
+@dataclass(frozen=True)
+class KvBudget:
+    """What the admission check needs about one engine, in bytes (exact integers)."""
+
+    bytes_per_token: int
+    block_size: int
+    capacity_bytes: int | None  # None until the engine has been started once
+
+
+def engine_kv_budget(*, engine: Engine) -> KvBudget:
+    """The engine's KV cost per token (from its model's config.json), its block size and
+    KV capacity (both read back from the running engine). Reservations are
+    `kvcost.kv_cost_bytes(bytes_per_token=..., block_size=..., ...)` against `capacity_bytes`."""
+    per_token = kv_bytes_per_token(engine.model_path)
+    capacity = (
+        engine.kv_capacity_tokens * per_token if engine.kv_capacity_tokens is not None else None
+    )
+    return KvBudget(
+        bytes_per_token=per_token, block_size=engine.block_size, capacity_bytes=capacity
     )
 
 

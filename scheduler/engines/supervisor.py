@@ -111,6 +111,17 @@ def engine_health_check(*, engine: Engine, timeouts: Timeouts | None = None) -> 
     return engine
 
 
+def engines_check_all(*, node: str | None = None, timeouts: Timeouts | None = None) -> list[Engine]:
+    """The periodic check (Celery beat, telemetry): every live engine on this node gets the
+    crash check and, if ready, /health. Returns the engines that are failed now."""
+    here = node or node_name(settings.GPUSHARE_NODE_NAME)
+    engines = Engine.objects.select_related("device").filter(
+        device__node=here, status__in=LIVE_STATUSES
+    )
+    checked = [engine_health_check(engine=engine, timeouts=timeouts) for engine in engines]
+    return [engine for engine in checked if engine.status == EngineStatus.FAILED]
+
+
 def _check_startable(engine: Engine) -> None:
     here = node_name(settings.GPUSHARE_NODE_NAME)
     if engine.device.node != here:

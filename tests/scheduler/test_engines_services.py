@@ -7,6 +7,7 @@ from scheduler.models import Device, DeviceKind, Engine, EngineStatus
 from scheduler.selectors import (
     device_get,
     device_room,
+    engine_kv_budget,
     engine_ready_for_tenant,
     tenant_dedicated_units,
 )
@@ -32,7 +33,7 @@ def gpu(index: int, gib: int, node: str = "node1") -> Device:
 def register(name: str, units: int, port: int, **extra) -> Engine:
     return engine_create(
         name=name,
-        model_path="/models/llama",
+        model_path=extra.pop("model_path", "/models/llama"),
         served_model_name=extra.pop("served_model_name", "llama"),
         footprint_units=units,
         port=port,
@@ -122,3 +123,19 @@ def test_a_device_is_found_by_its_key() -> None:
     assert device_get(key="gpu0", default_node="node1") == gpu0
     with pytest.raises(DomainError, match="gpus discover"):
         device_get(key="gpu7", default_node="node1")
+
+
+def test_an_engine_kv_budget_is_in_exact_bytes(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(
+        '{"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,'
+        ' "hidden_size": 4096, "torch_dtype": "bfloat16"}'
+    )
+    gpu(0, 80)
+    engine = register("llama", 160, 8100, model_path=str(tmp_path))
+    assert engine_kv_budget(engine=engine).capacity_bytes is None  # never started
+    Engine.objects.filter(pk=engine.pk).update(kv_capacity_tokens=2048 * 100, block_size=16)
+    engine.refresh_from_db()
+    budget = engine_kv_budget(engine=engine)
+    assert budget.bytes_per_token == 128 * 1024
+    assert budget.block_size == 16
+    assert budget.capacity_bytes == 100 * 256 * 1024 * 1024

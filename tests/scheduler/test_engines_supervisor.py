@@ -22,6 +22,7 @@ from scheduler.engines.supervisor import (
     engine_refresh,
     engine_start,
     engine_stop,
+    engines_check_all,
 )
 from scheduler.models import Device, Engine, EngineStatus
 from scheduler.services import NoRoom, device_register_cpu, engine_create
@@ -186,3 +187,13 @@ def test_an_engine_on_another_node_is_not_started_here(engine, settings) -> None
     settings.GPUSHARE_NODE_NAME = "elsewhere"
     with pytest.raises(DomainError, match="start it on node 'testnode'"):
         engine_start(name="fake", timeouts=FAST)
+
+
+def test_the_periodic_check_finds_the_dead_engines_of_this_node(engine) -> None:
+    started = engine_start(name="fake", timeouts=FAST)
+    assert engines_check_all(timeouts=FAST) == []
+    os.killpg(pid_of(started), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while process.is_running(pid_of(started)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [e.name for e in engines_check_all(timeouts=FAST)] == ["fake"]
