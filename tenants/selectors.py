@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from config.errors import NotFound
 from tenants.models import ApiKey, Tenant
@@ -35,3 +35,11 @@ def api_key_get(*, tenant: Tenant, key_id: int) -> ApiKey:
         return ApiKey.objects.get(tenant=tenant, pk=key_id)
     except ApiKey.DoesNotExist:
         raise NotFound(f"No API key {key_id} for tenant '{tenant.slug}'.") from None
+
+
+def tenant_list_with_key_counts(*, is_active: bool | None = None) -> QuerySet[Tenant]:
+    """`tenant_list` with `key_count` and `live_key_count` (not revoked), for the console."""
+    return tenant_list(is_active=is_active).annotate(
+        key_count=Count("api_keys"),
+        live_key_count=Count("api_keys", filter=Q(api_keys__revoked_at__isnull=True)),
+    )

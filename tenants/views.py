@@ -1,0 +1,141 @@
+"""Console pages for tenants and their keys. Thin: selectors read, services write."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.core.exceptions import ValidationError
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import redirect, render
+from django.utils.safestring import mark_safe
+from django.views.decorators.http import require_http_methods, require_POST
+
+from config.charts import Segment, stacked_bar_svg
+from config.errors import NotFound
+from scheduler.units import format_units
+from tenants import selectors, services
+from tenants.forms import ApiKeyCreateForm, TenantCreateForm, TenantForm, add_service_errors
+from tenants.models import Tenant
+
+_ACTIVE_FILTERS = {"active": True, "inactive": False}
+
+
+def _tenant_or_404(slug: str) -> Tenant:
+    try:
+        return selectors.tenant_get(slug=slug)
+    except NotFound as exc:
+        raise Http404(str(exc)) from None
+
+
+@staff_member_required
+def tenant_list(request: HttpRequest) -> HttpResponse:
+    shown = request.GET.get("show", "all")
+    tenants = selectors.tenant_list_with_key_counts(is_active=_ACTIVE_FILTERS.get(shown))
+    return render(
+        request,
+        "console/tenants/list.html",
+        {"section": "tenants", "tenants": tenants, "shown": shown},
+    )
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def tenant_create(request: HttpRequest) -> HttpResponse:
+    form = TenantCreateForm(request.POST or None, initial=TenantCreateForm.defaults())
+    if request.method == "POST" and form.is_valid():
+        try:
+            tenant = services.tenant_create(**form.cleaned_data)
+        except ValidationError as exc:
+            add_service_errors(form, exc)
+        else:
+            messages.success(request, f"Tenant '{tenant.slug}' created.")
+            return redirect("console:tenant", slug=tenant.slug)
+    return render(request, "console/tenants/form.html", {"section": "tenants", "form": form})
+
+
+@staff_member_required
+def tenant_detail(request: HttpRequest, slug: str) -> HttpResponse:
+    tenant = _tenant_or_404(slug)
+    return _render_detail(request, tenant, ApiKeyCreateForm())
+
+
+def _render_detail(
+    request: HttpRequest, tenant: Tenant, key_form: ApiKeyCreateForm, status: int = 200
+) -> HttpResponse:
+    context = {
+        "section": "tenants",
+        "tenant": tenant,
+        "keys": selectors.api_key_list(tenant=tenant),
+        "key_form": key_form,
+        "allowance_bar": mark_safe(_allowance_bar(tenant)),
+    }
+    return render(request, "console/tenants/detail.html", context, status=status)
+
+
+def _allowance_bar(tenant: Tenant) -> str:
+    return stacked_bar_svg(
+        [
+            Segment("Quota", tenant.quota_units, "#2f6fb0", format_units(tenant.quota_units)),
+            Segment("Burst", tenant.burst_units, "#8fb8e0", format_units(tenant.burst_units)),
+        ],
+        title=f"Memory allowance of {tenant.slug}",
+        bar_height=20,
+    )
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def tenant_edit(request: HttpRequest, slug: str) -> HttpResponse:
+    tenant = _tenant_or_404(slug)
+    form = TenantForm(request.POST or None, initial=TenantForm.initial_for(tenant))
+    if request.method == "POST" and form.is_valid():
+        try:
+            services.tenant_update(tenant=tenant, **form.cleaned_data)
+        except ValidationError as exc:
+            add_service_errors(form, exc)
+            # tenant_update set the refused values on the instance: show the stored ones.
+            tenant = _tenant_or_404(slug)
+        else:
+            messages.success(request, f"Tenant '{tenant.slug}' saved.")
+            return redirect("console:tenant", slug=tenant.slug)
+    return render(
+        request,
+        "console/tenants/form.html",
+        {"section": "tenants", "form": form, "tenant": tenant},
+    )
+
+
+@staff_member_required
+@require_POST
+def api_key_create(request: HttpRequest, slug: str) -> HttpResponse:
+    tenant = _tenant_or_404(slug)
+    form = ApiKeyCreateForm(request.POST)
+    if form.is_valid():
+        try:
+            issued = services.api_key_create(tenant=tenant, **form.cleaned_data)
+        except ValidationError as exc:
+            add_service_errors(form, exc)
+        else:
+            # The only time the raw key exists outside the client: render it, never store it,
+            # and keep it out of caches.
+            response = render(
+                request,
+                "console/tenants/key_created.html",
+                {"section": "tenants", "tenant": tenant, "issued": issued},
+            )
+            response["Cache-Control"] = "no-store"
+            return response
+    return _render_detail(request, tenant, form, status=400)
+
+
+@staff_member_required
+@require_POST
+def api_key_revoke(request: HttpRequest, slug: str, key_id: int) -> HttpResponseRedirect:
+    tenant = _tenant_or_404(slug)
+    try:
+        api_key = selectors.api_key_get(tenant=tenant, key_id=key_id)
+    except NotFound as exc:
+        raise Http404(str(exc)) from None
+    services.api_key_revoke(api_key=api_key)
+    messages.success(request, f"Key {api_key.prefix}… ({api_key.name}) revoked.")
+    return redirect("console:tenant", slug=tenant.slug)
