@@ -33,6 +33,11 @@ log = logging.getLogger(__name__)
 View = Callable[[HttpRequest], Coroutine[Any, Any, HttpResponseBase]]
 
 
+class MethodNotAllowed(DomainError):
+    http_status = 405
+    code = "method_not_allowed"
+
+
 def error_response(exc: DomainError) -> JsonResponse:
     body = openai_error_body(exc.message, exc.error_type, exc.code, exc.param)
     response = JsonResponse(body, status=exc.http_status)
@@ -47,11 +52,7 @@ def openai_endpoint(view: View) -> View:
     @wraps(view)
     async def wrapper(request: HttpRequest) -> HttpResponseBase:
         if request.method != "POST":
-            return error_response(
-                DomainError(
-                    f"Method {request.method} is not allowed; use POST.", code="method_not_allowed"
-                )
-            )
+            return error_response(MethodNotAllowed(f"{request.method} is not allowed; use POST."))
         try:
             return await view(request)
         except InvalidRequest as exc:

@@ -29,6 +29,9 @@ from scheduler.units import UNIT_BYTES
 
 log = logging.getLogger(__name__)
 
+# How often a streaming run looks whether its job was cancelled (client gone): the engine
+# keeps generating for nobody until then.
+CANCEL_CHECK_S = 0.25
 # A job whose engine fails this many times is answered with an error, not retried forever.
 MAX_ATTEMPTS = 3
 
@@ -136,10 +139,14 @@ def _run_streaming(
     result: RunResult,
 ) -> None:
     chunks = _stream_chunks(client, request)
+    next_check = time.monotonic() + CANCEL_CHECK_S
     try:
         for chunk in chunks:
-            if keeper.lost.is_set():
-                return  # closing the stream makes vLLM abort the request
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + CANCEL_CHECK_S
+                if not keeper.still_ours():
+                    keeper.lost.set()
+                    return  # closing the stream makes vLLM abort the request
             if result.first_token_at is None and chunk.get("choices"):
                 result.first_token_at = time.time()
             usage = chunk.get("usage")
