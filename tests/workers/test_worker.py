@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def worker(redis_db, settings):
-    env = {**os.environ, "REDIS_URL": settings.REDIS_URL, "CELERY_BROKER_URL": settings.CELERY_BROKER_URL}
+    broker = settings.CELERY_BROKER_URL
+    env = {**os.environ, "REDIS_URL": settings.REDIS_URL, "CELERY_BROKER_URL": broker}
     process = subprocess.Popen(
         [
             sys.executable,
