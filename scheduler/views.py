@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils.safestring import mark_safe
 
-from config.charts import Segment, stacked_bar_svg
+from config.charts import Segment, stacked_bar
 from scheduler.forms import PlannerForm
 from scheduler.kvcost import DEFAULT_BLOCK_SIZE
 from scheduler.planner import FleetPlan, MemoryPlan, plan_fleet, plan_memory
@@ -105,7 +105,7 @@ def _memory_bar(memory: MemoryPlan) -> str:
             _size(memory.unused_bytes),
         ),
     ]
-    return stacked_bar_svg(
+    return stacked_bar(
         segments,
         total=memory.gpu_memory_bytes,
         title=f"Memory of one card ({_size(memory.gpu_memory_bytes)})",

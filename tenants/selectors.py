@@ -39,7 +39,12 @@ def api_key_get(*, tenant: Tenant, key_id: int) -> ApiKey:
 
 def tenant_list_with_key_counts(*, is_active: bool | None = None) -> QuerySet[Tenant]:
     """`tenant_list` with `key_count` and `live_key_count` (not revoked), for the console."""
-    return tenant_list(is_active=is_active).annotate(
-        key_count=Count("api_keys"),
-        live_key_count=Count("api_keys", filter=Q(api_keys__revoked_at__isnull=True)),
+    # Counting groups the rows, and grouped queries drop Meta.ordering: order them again.
+    return (
+        tenant_list(is_active=is_active)
+        .annotate(
+            key_count=Count("api_keys"),
+            live_key_count=Count("api_keys", filter=Q(api_keys__revoked_at__isnull=True)),
+        )
+        .order_by("slug")
     )

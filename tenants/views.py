@@ -10,7 +10,7 @@ from django.shortcuts import redirect, render
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_http_methods, require_POST
 
-from config.charts import Segment, stacked_bar_svg
+from config.charts import Segment, stacked_bar
 from config.errors import NotFound
 from scheduler.units import format_units
 from tenants import selectors, services
@@ -73,13 +73,12 @@ def _render_detail(
 
 
 def _allowance_bar(tenant: Tenant) -> str:
-    return stacked_bar_svg(
+    return stacked_bar(
         [
             Segment("Quota", tenant.quota_units, "#2f6fb0", format_units(tenant.quota_units)),
             Segment("Burst", tenant.burst_units, "#8fb8e0", format_units(tenant.burst_units)),
         ],
         title=f"Memory allowance of {tenant.slug}",
-        bar_height=20,
     )
 
 
