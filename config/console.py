@@ -38,6 +38,7 @@ urlpatterns = [
     ),
     path("tenants/", tenant_views.tenant_list, name="tenants"),
     path("tenants/new/", tenant_views.tenant_create, name="tenant-create"),
+    path("units/", tenant_views.units_preview, name="units-preview"),
     path("tenants/<slug:slug>/", tenant_views.tenant_detail, name="tenant"),
     path("tenants/<slug:slug>/edit/", tenant_views.tenant_edit, name="tenant-edit"),
     path("tenants/<slug:slug>/keys/", tenant_views.api_key_create, name="key-create"),

@@ -12,11 +12,23 @@ from typing import Any
 
 from django import forms
 from django.core.exceptions import ValidationError
+from django.urls import reverse_lazy
 
 from scheduler.request_classes import REQUEST_CLASSES, RequestClass
 from tenants.models import BudgetPeriod, Tenant
 
 CLASS_CHOICES = [(name, name) for name in REQUEST_CLASSES]
+
+
+def _units_input() -> forms.NumberInput:
+    """A units field that shows '8 units = 2.0 GiB' beside it as the operator types (htmx)."""
+    return forms.NumberInput(
+        attrs={
+            "hx-get": reverse_lazy("console:units-preview"),
+            "hx-trigger": "load, input changed delay:250ms",
+            "hx-target": "next .units-preview",
+        }
+    )
 
 
 def add_service_errors(form: forms.Form, error: ValidationError) -> None:
@@ -36,10 +48,13 @@ class TenantForm(forms.Form):
     weight = forms.FloatField(help_text="Share of contended capacity relative to others (> 0).")
     quota_units = forms.IntegerField(
         label="Quota (units)",
+        widget=_units_input(),
         help_text="Guaranteed GPU memory held at once, in 256 MiB units (8 units = 2.0 GiB).",
     )
     burst_units = forms.IntegerField(
-        label="Burst (units)", help_text="Units it may borrow above quota while others idle."
+        label="Burst (units)",
+        widget=_units_input(),
+        help_text="Units it may borrow above quota while others idle.",
     )
     allowed_classes = forms.MultipleChoiceField(
         label="Allowed classes",

@@ -105,6 +105,17 @@ def tenant_edit(request: HttpRequest, slug: str) -> HttpResponse:
 
 
 @staff_member_required
+def units_preview(request: HttpRequest) -> HttpResponse:
+    """'8 units = 2.0 GiB' for the number typed into a units field; empty if not a count."""
+    typed = request.GET.get("quota_units", request.GET.get("burst_units", ""))
+    try:
+        units = int(typed)
+    except ValueError:
+        return HttpResponse("")
+    return HttpResponse(format_units(units) if units >= 0 else "")
+
+
+@staff_member_required
 @require_POST
 def api_key_create(request: HttpRequest, slug: str) -> HttpResponse:
     tenant = _tenant_or_404(slug)

@@ -106,6 +106,10 @@ def test_a_bad_quota_is_refused_with_the_error_by_its_field(
     assert tenants[0].quota_units == 8
 
     page.fill("#id_quota_units", "24")
+    quota_gib = page.locator(".field", has=page.locator("#id_quota_units")).locator(
+        ".units-preview"
+    )
+    expect(quota_gib).to_have_text("24 units = 6.0 GiB")  # htmx, as it is typed
     page.fill("#id_weight", "2.5")
     page.click("button:has-text('Save')")
     expect(page.locator(".messages")).to_contain_text("saved")
