@@ -31,7 +31,7 @@ from scheduler.inference import (
 )
 from scheduler.kvcost import kv_cost_bytes
 from scheduler.models import Engine
-from scheduler.pools import Route, fair_queue, route_for, sync_tenant
+from scheduler.pools import Route, fair_queue, route_for, sync_engine, sync_tenant
 from tenants.auth import authenticate_bearer
 from tenants.limits import limits_admit
 from tenants.models import ApiKey
@@ -194,17 +194,25 @@ def _enqueue(prepared: _Prepared, prompt_tokens: int, received_at: float) -> Adm
         max_tokens=max_tokens,
         block_size=engine.block_size,
     )
+    job_fields: dict[str, Any] = {
+        "tenant": api_key.tenant.slug,
+        "pool": route.pool,
+        "request_class": prepared.request_class,
+        "prompt_tokens": prompt_tokens,
+        "max_tokens": max_tokens,
+        "kv_bytes": kv_bytes,
+        "payload": json.dumps(payload),
+        "job_id": job_id,
+    }
     try:
-        job = queue.enqueue(
-            tenant=api_key.tenant.slug,
-            pool=route.pool,
-            request_class=prepared.request_class,
-            prompt_tokens=prompt_tokens,
-            max_tokens=max_tokens,
-            kv_bytes=kv_bytes,
-            payload=json.dumps(payload),
-            job_id=job_id,
-        )
+        try:
+            job = queue.enqueue(**job_fields)
+        except JobRejected as exc:
+            if exc.reason != "no_engine":
+                raise
+            # The engine became ready since the last sync: tell the queue, and try once more.
+            sync_engine(engine, queue)
+            job = queue.enqueue(**job_fields)
     except JobRejected as exc:
         raise _rejection(exc) from None
     dispatch.delay(route.pool)

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # `make run`: the whole platform on this machine with its embedded defaults:
-# SQLite (unless DATABASE_URL is set), local Redis, a Celery worker and beat, the web app.
+# SQLite (unless DATABASE_URL is set), local Redis, a Celery worker and beat, a vLLM CPU
+# engine serving the tiny demo model, and the web app.
 source "$(dirname "$0")/lib.sh"
 "$REPO_ROOT/scripts/bootstrap.sh"
 cd "$REPO_ROOT"
+export GPUSHARE_VLLM_PYTHON="${GPUSHARE_VLLM_PYTHON:-$("$REPO_ROOT/scripts/engine_setup.sh" | tail -1)}"
+[ -x "$GPUSHARE_VLLM_PYTHON" ] || die "no vLLM environment (scripts/engine_setup.sh failed)"
+ENGINE="${GPUSHARE_DEMO_ENGINE:-demo}"
+ENGINE_PORT="${GPUSHARE_DEMO_ENGINE_PORT:-8100}"
 
 HOST="${GPUSHARE_HOST:-127.0.0.1}"
 PORT="${GPUSHARE_PORT:-8000}"
@@ -17,11 +22,13 @@ say "Applying database migrations"
 children=()
 stop_all() {
   trap - INT TERM EXIT
-  say "Stopping"
+  say "Stopping (the engine drains first)"
+  "$PY" manage.py engine stop "$ENGINE" >/dev/null 2>&1 || true
   for pid in "${children[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
 }
-trap stop_all INT TERM EXIT
+trap 'stop_all; exit 0' INT TERM
+trap stop_all EXIT
 
 say "Starting a Celery worker (log: var/log/worker.log)"
 "$VENV/bin/celery" -A config worker --pool threads --concurrency "${GPUSHARE_WORKER_THREADS:-8}" \
@@ -31,6 +38,13 @@ say "Starting Celery beat (log: var/log/beat.log)"
 "$VENV/bin/celery" -A config beat --loglevel INFO \
   --schedule "$REPO_ROOT/var/celerybeat-schedule" >"$LOG_DIR/beat.log" 2>&1 &
 children+=($!)
+
+say "Registering this machine's devices and the demo engine"
+"$PY" manage.py gpus discover || die "device discovery failed"
+"$PY" manage.py engine create "$ENGINE" --port "$ENGINE_PORT" --max-model-len 2048 \
+  --max-num-seqs 16 --if-missing || die "could not register the demo engine"
+say "Starting the demo engine (vLLM CPU, about a minute; log: var/engines/$ENGINE.log)"
+"$PY" manage.py engine start "$ENGINE" || die "the demo engine did not start (see var/engines/$ENGINE.log)"
 
 "$PY" manage.py demo --base-url "http://$HOST:$PORT" || die "demo set-up failed"
 

@@ -11,5 +11,7 @@ say "ruff"
 "$VENV/bin/ruff" format --check . >/dev/null || die "ruff format: run '.venv/bin/ruff format .'"
 say "mypy"
 "$VENV/bin/mypy" . || die "mypy found problems"
+# End-to-end tests run a real vLLM CPU engine on the tiny demo model.
+export GPUSHARE_VLLM_PYTHON="${GPUSHARE_VLLM_PYTHON:-$("$REPO_ROOT/scripts/engine_setup.sh" | tail -1)}"
 say "pytest (database: ${DATABASE_URL:-SQLite})"
 "$VENV/bin/pytest" "$@"

@@ -108,7 +108,12 @@ class Command(BaseCommand):
             f"  Admin login            {c['admin_user']} / {c['admin_password']}",
             f"  Admin API token        {c['admin_api_token']}",
             f"  Demo tenant key        {c['demo_api_key']}",
-            f"  Try: curl -H 'Authorization: Bearer {c['demo_api_key']}' {base}/v1/me",
+            "",
+            "Try a chat completion through the fair queue and the demo engine:",
+            f"  curl {base}/v1/chat/completions -H 'Authorization: Bearer {c['demo_api_key']}' \\",
+            "    -H 'Content-Type: application/json' \\",
+            """    -d '{"model": "demo", "messages": [{"role": "user", "content": "Hi"}], """
+            """"max_tokens": 16}'""",
             "",
         ]
         self.stdout.write("\n".join(lines))
