@@ -220,7 +220,9 @@ GPUSHARE_SCHED_KEY_PREFIX = env_str("GPUSHARE_SCHED_KEY_PREFIX", "gs:fq:")
 GPUSHARE_MAX_BODY_BYTES = env_int("GPUSHARE_MAX_BODY_BYTES", 4 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = GPUSHARE_MAX_BODY_BYTES
 GPUSHARE_HOUSEKEEPING_INTERVAL_S = env_float("GPUSHARE_HOUSEKEEPING_INTERVAL_S", 2.0)
-CELERY_BEAT_SCHEDULE = {
+# Task modules of the workers app (besides workers.tasks, which autodiscovery finds).
+CELERY_IMPORTS: list[str] = []
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "housekeeping": {
         "task": "workers.housekeeping",
         "schedule": GPUSHARE_HOUSEKEEPING_INTERVAL_S,
@@ -228,3 +230,7 @@ CELERY_BEAT_SCHEDULE = {
         "options": {"expires": 5 * GPUSHARE_HOUSEKEEPING_INTERVAL_S},
     },
 }
+
+# --- Batches (issue 6) ----------------------------------------------------------------
+
+# --- Telemetry and reports (issue 7) ------------------------------------------------------

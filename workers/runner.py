@@ -48,6 +48,10 @@ class RunResult:
     first_token_at: float | None = None
     finished_at: float = 0.0
     error_code: str = ""
+    # The answer a waiter got: the engine's body (not streamed) or the OpenAI error body.
+    # Batch lines are written from these, since nobody waits on them.
+    response_body: dict[str, Any] | None = None
+    error_body: dict[str, Any] | None = None
 
 
 class LeaseKeeper:
@@ -104,8 +108,8 @@ def run_job(queue: FairQueue, job: Job, client: EngineClient) -> RunResult:
     except Exception as exc:  # never leave a waiter hanging on a bug
         log.exception("job %s failed", job.job_id)
         result.outcome, result.status_code, result.error_code = "error", 500, "internal_error"
-        body = _openai_error(f"The job failed: {exc}", "internal_error")
-        _publish(queue, job, {"event": "error", "status": 500, "body": body})
+        result.error_body = _openai_error(f"The job failed: {exc}", "internal_error")
+        _publish(queue, job, {"event": "error", "status": 500, "body": result.error_body})
     finally:
         keeper.stop()
     if keeper.lost.is_set() and result.outcome == "success":
@@ -170,6 +174,7 @@ def _run_whole(
     usage = response.get("usage") or {}
     result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
     result.completion_tokens = int(usage.get("completion_tokens") or 0)
+    result.response_body = response
     _publish(queue, job, {"event": "done", "body": response, "usage": _usage(result)})
 
 
@@ -192,6 +197,7 @@ def _answer_engine_refusal(
         message = exc.body
     result.outcome, result.status_code, result.error_code = "error", exc.status_code, "engine_400"
     error = _openai_error(str(message)[:2000], "invalid_request", "invalid_request_error")
+    result.error_body = error
     _publish(queue, job, {"event": "error", "status": exc.status_code, "body": error})
 
 
@@ -205,9 +211,11 @@ def _engine_lost(queue: FairQueue, job: Job, detail: str, result: RunResult) -> 
         result.outcome = "requeued"
         return result
     result.outcome, result.status_code, result.error_code = "error", 503, "engine_unavailable"
-    _publish(queue, job, {"event": "error", "status": 503, "body": _openai_error(
+    result.error_body = _openai_error(
         "The model's engine failed while running this request; please retry.",
-        "engine_unavailable")})  # fmt: skip
+        "engine_unavailable",
+    )
+    _publish(queue, job, {"event": "error", "status": 503, "body": result.error_body})
     queue.release(job.job_id, 0, 0, attempt=job.attempt)
     return result
 
