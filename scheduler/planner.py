@@ -36,6 +36,8 @@ SAFETY_FACTOR_RANGE = (0.7, 0.85)
 DEFAULT_HOT_FRACTION = 0.7
 # The seeds keep memory below 85% and alert on KV-cache usage above it.
 KV_ALERT_FRACTION = 0.85
+# vLLM runs at most this many sequences at once unless --max-num-seqs says otherwise.
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,11 @@ class MemoryPlan:
         return gpu_memory_utilization(
             footprint_units=self.footprint_units, gpu_memory_bytes=self.gpu_memory_bytes
         )
+
+    @property
+    def beyond_default_max_num_seqs(self) -> bool:
+        """More requests fit than vLLM runs by default: the room needs --max-num-seqs."""
+        return self.concurrent_requests > VLLM_DEFAULT_MAX_NUM_SEQS
 
     @property
     def requests_below_alert(self) -> int:

@@ -10,7 +10,13 @@ from django.utils.safestring import mark_safe
 from config.charts import Segment, stacked_bar
 from scheduler.forms import PlannerForm
 from scheduler.kvcost import DEFAULT_BLOCK_SIZE
-from scheduler.planner import FleetPlan, MemoryPlan, plan_fleet, plan_memory
+from scheduler.planner import (
+    VLLM_DEFAULT_MAX_NUM_SEQS,
+    FleetPlan,
+    MemoryPlan,
+    plan_fleet,
+    plan_memory,
+)
 from scheduler.units import GIB
 
 COLOURS = {"weights": "#5b6b8c", "reserve": "#c98a2b", "kv": "#2f9e6e", "unused": "#c9ced6"}
@@ -51,6 +57,7 @@ def planner(request: HttpRequest) -> HttpResponse:
         "fleet": fleet,
         "memory_bar": mark_safe(_memory_bar(memory)) if memory else "",
         "memory_facts": _memory_facts(memory) if memory else [],
+        "max_num_seqs_default": VLLM_DEFAULT_MAX_NUM_SEQS,
     }
     return render(request, "console/planner.html", context)
 

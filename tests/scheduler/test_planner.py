@@ -72,6 +72,11 @@ def test_the_engine_footprint_matches_the_vllm_flag():
     assert plan.gpu_memory_utilization == 0.9
 
 
+def test_room_beyond_vllms_default_sequence_limit_is_flagged():
+    assert _llama_8b_on_a100_80().beyond_default_max_num_seqs  # 625 > 256
+    assert not _llama_8b_on_a100_80(gpu_memory_gib=24).beyond_default_max_num_seqs
+
+
 def test_the_alert_line_leaves_fifteen_percent_of_the_kv_space_free():
     plan = _llama_8b_on_a100_80()
 

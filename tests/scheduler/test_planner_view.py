@@ -44,6 +44,8 @@ def test_a_fresh_page_plans_the_seeds_example_request(console: Client):
     assert _number(page, "gpus") == _number(page, "hot-gpus") + _number(page, "cold-gpus")
     assert "<svg" in page
     assert "Weights: 15.0 GiB" in page
+    # More room than vLLM runs by default (256 sequences): the page says which flag to set.
+    assert f"--max-num-seqs {_number(page, 'concurrent')}" in page
 
 
 def test_choosing_a_preset_fills_in_its_numbers(console: Client):

@@ -121,6 +121,27 @@ def test_the_tenant_page_lists_keys_by_prefix_never_the_hash(console: Client, ow
     assert "arrive with issue 7" in page  # the usage charts' placeholder
 
 
+def test_the_tenant_page_shows_its_quota_and_limits(console: Client, owner: Tenant):
+    owner.allowed_classes = ["interactive", "standard"]
+    owner.burst_units = 4
+    owner.rpm_limit = 600
+    owner.token_budget = 1_000_000
+    owner.save()
+
+    page = console.get("/console/tenants/acme/").content.decode()
+
+    facts = page[page.index('<dl class="facts">') : page.index("</dl>")]
+    for shown in (
+        "8 units = 2.0 GiB",
+        "4 units = 1.0 GiB",
+        "interactive, standard",
+        "<dd>600</dd>",
+        "1000000 per month",
+        "<dd>all</dd>",  # models
+    ):
+        assert shown in facts
+
+
 def test_creating_a_key_shows_it_once(console: Client, owner: Tenant):
     response = console.post(
         "/console/tenants/acme/keys/", {"name": "web backend", "default_class": "interactive"}
