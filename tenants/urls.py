@@ -1,6 +1,6 @@
 from django.urls import path
 
-from tenants import api
+from tenants import api, report_api
 
 admin_api_urlpatterns = [
     path("tenants/", api.TenantListCreateApi.as_view(), name="tenant-list"),
@@ -17,8 +17,15 @@ admin_api_urlpatterns = [
         api.ApiKeyRevokeApi.as_view(),
         name="tenant-key-revoke",
     ),
+    path("tenants/<slug:slug>/usage/", report_api.UsageReportApi.as_view(), name="tenant-usage"),
+    path(
+        "tenants/<slug:slug>/usage/csv/",
+        report_api.UsageReportCsvApi.as_view(),
+        name="tenant-usage-csv",
+    ),
 ]
 
 tenant_api_urlpatterns = [
     path("me", api.WhoAmIApi.as_view(), name="v1-me"),
+    path("usage", report_api.OwnUsageApi.as_view(), name="v1-usage"),
 ]

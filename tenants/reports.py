@@ -1,0 +1,352 @@
+"""Quota reports: a tenant's usage over a period, from the usage ledger. Reads only.
+
+Every number comes from `UsageRecord` rows (one per finished request, plus `rejected` and
+`timeout` rows for requests refused before they ran), always selected through the tenant.
+
+Reservation history (reserved unit-hours, peak reserved units, time over quota) is derived
+from the ledger, not from sampled snapshots: each row holds its KV reservation
+(`reserved_units`) and its run interval (it ends at `finished_at` and lasted
+`latency_ms - queue_wait_ms`, from the pick that reserved to the release). Summing those
+intervals gives the exact reservation curve of finished requests, however short they are;
+a sampler every few seconds would miss sub-second peaks and its numbers would depend on
+when it ran. What the ledger cannot show: requests still running at report time, and
+units held by dedicated engines (the quota is compared with KV reservations only).
+The quota is the tenant's quota now (quotas have no history).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
+
+from django.db.models import QuerySet
+
+from config.errors import DomainError
+from scheduler.request_classes import REQUEST_CLASSES
+from tenants.models import Outcome, Tenant, UsageRecord
+
+Period = Literal["hour", "day", "month"]
+PERIODS: tuple[Period, ...] = ("hour", "day", "month")
+OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
+# Outcomes of requests that were admitted and ran: their waits and latencies are the
+# service's; a refused or timed-out request never ran.
+RAN = (Outcome.SUCCESS, Outcome.ERROR, Outcome.CANCELLED)
+# A run that ends after the report's end may still have started inside it: rows finishing
+# this long after the end are read too, and clipped.
+_LONGEST_RUN = timedelta(hours=6)
+
+
+class BadPeriod(DomainError):
+    code = "bad_period"
+
+
+# --- pure arithmetic ----------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100), interpolated between closest ranks (numpy's default,
+    PostgreSQL's percentile_cont); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low, high = math.floor(rank), math.ceil(rank)
+    if low == high:
+        return float(ordered[low])
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    start: float  # seconds since the epoch
+    end: float
+    units: float
+
+
+@dataclass(frozen=True)
+class ReservationSummary:
+    unit_seconds: float
+    peak_units: float
+    seconds_over_quota: float
+
+
+def reservation_summary(
+    reservations: Iterable[Reservation], *, since: float, until: float, quota_units: float
+) -> ReservationSummary:
+    """The reservation curve (the sum of the intervals' units at each moment) within
+    [since, until): its integral, its maximum and how long it stayed above the quota."""
+    events: list[tuple[float, float]] = []
+    for r in reservations:
+        start, end = max(r.start, since), min(r.end, until)
+        if end > start and r.units > 0:
+            events.append((start, r.units))
+            events.append((end, -r.units))
+    # At one instant, releases before reservations: back-to-back requests do not stack.
+    events.sort(key=lambda e: (e[0], e[1]))
+    held = peak = unit_seconds = over = 0.0
+    previous = since
+    for moment, change in events:
+        span = moment - previous
+        unit_seconds += held * span
+        if held > quota_units + 1e-9:
+            over += span
+        held += change
+        peak = max(peak, held)
+        previous = moment
+    return ReservationSummary(unit_seconds, peak, over)
+
+
+def period_start(period: Period, moment: datetime) -> datetime:
+    moment = moment.astimezone(UTC)
+    if period == "hour":
+        return moment.replace(minute=0, second=0, microsecond=0)
+    if period == "day":
+        return moment.replace(hour=0, minute=0, second=0, microsecond=0)
+    return moment.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def period_next(period: Period, start: datetime) -> datetime:
+    if period == "hour":
+        return start + timedelta(hours=1)
+    if period == "day":
+        return start + timedelta(days=1)
+    return (start.replace(day=28) + timedelta(days=4)).replace(day=1)
+
+
+def period_windows(
+    period: Period, since: datetime, until: datetime
+) -> list[tuple[datetime, datetime]]:
+    """[since, until) cut at the period's boundaries (the first and last may be partial)."""
+    windows = []
+    start = since
+    while start < until:
+        end = min(period_next(period, period_start(period, start)), until)
+        windows.append((start, end))
+        start = end
+    return windows
+
+
+# --- the report ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    tenant: str
+    since: datetime
+    until: datetime
+    quota_units: int
+    burst_units: int
+    requests: int
+    requests_by_class: dict[str, dict[str, int]]
+    requests_by_outcome: dict[str, int]
+    prompt_tokens: int
+    completion_tokens: int
+    reserved_unit_hours: float
+    quota_unit_hours: float
+    quota_utilisation: float | None
+    peak_reserved_units: float
+    seconds_over_quota: float
+    queue_wait_ms: dict[str, float | None]
+    latency_ms: dict[str, float | None]
+    rejected_429: int
+    rejections_by_status: dict[str, int]
+    timeouts: int
+
+    @property
+    def hours(self) -> float:
+        return (self.until - self.since).total_seconds() / 3600.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant,
+            "since": self.since.isoformat(),
+            "until": self.until.isoformat(),
+            "hours": round(self.hours, 6),
+            "quota_units": self.quota_units,
+            "burst_units": self.burst_units,
+            "requests": {
+                "total": self.requests,
+                "by_outcome": self.requests_by_outcome,
+                "by_class": self.requests_by_class,
+            },
+            "tokens": {
+                "prompt": self.prompt_tokens,
+                "completion": self.completion_tokens,
+                "total": self.prompt_tokens + self.completion_tokens,
+            },
+            "reservation": {
+                "reserved_unit_hours": round(self.reserved_unit_hours, 6),
+                "quota_unit_hours": round(self.quota_unit_hours, 6),
+                "quota_utilisation": (
+                    round(self.quota_utilisation, 6) if self.quota_utilisation is not None else None
+                ),
+                "peak_reserved_units": round(self.peak_reserved_units, 6),
+                "seconds_over_quota": round(self.seconds_over_quota, 3),
+            },
+            "queue_wait_ms": self.queue_wait_ms,
+            "latency_ms": self.latency_ms,
+            "rejected_429": self.rejected_429,
+            "rejections_by_status": self.rejections_by_status,
+            "timeouts": self.timeouts,
+        }
+
+
+def usage_records(*, tenant: Tenant, since: datetime, until: datetime) -> QuerySet[UsageRecord]:
+    """The tenant's ledger rows finished in [since, until)."""
+    return UsageRecord.objects.filter(tenant=tenant, finished_at__gte=since, finished_at__lt=until)
+
+
+def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
+    return {f"p{q}": percentile(values, q) for q in (50, 95, 99)}
+
+
+def tenant_usage_report(*, tenant: Tenant, since: datetime, until: datetime) -> UsageReport:
+    if until <= since:
+        raise BadPeriod(f"The report's end ({until.isoformat()}) is not after its start.")
+    by_class = {c: dict.fromkeys(OUTCOMES, 0) for c in REQUEST_CLASSES}
+    by_outcome = dict.fromkeys(OUTCOMES, 0)
+    by_status: dict[str, int] = {}
+    prompt = completion = requests = 0
+    waits: list[float] = []
+    latencies: list[float] = []
+    rows = usage_records(tenant=tenant, since=since, until=until).values_list(
+        "request_class", "outcome", "status_code", "prompt_tokens", "completion_tokens",
+        "queue_wait_ms", "latency_ms",
+    )  # fmt: skip
+    for request_class, outcome, status, prompt_tokens, completion_tokens, wait, latency in rows:
+        requests += 1
+        by_class.setdefault(request_class, dict.fromkeys(OUTCOMES, 0))[outcome] += 1
+        by_outcome[outcome] += 1
+        prompt += prompt_tokens
+        completion += completion_tokens
+        if outcome in RAN:
+            waits.append(wait)
+            latencies.append(latency)
+        else:
+            by_status[str(status)] = by_status.get(str(status), 0) + 1
+    reservations = (
+        Reservation(
+            start=finished.timestamp() - max(0, latency - wait) / 1000.0,
+            end=finished.timestamp(),
+            units=units,
+        )
+        for finished, latency, wait, units in UsageRecord.objects.filter(
+            tenant=tenant,
+            finished_at__gte=since,
+            finished_at__lt=until + _LONGEST_RUN,
+            reserved_units__gt=0,
+        ).values_list("finished_at", "latency_ms", "queue_wait_ms", "reserved_units")
+    )
+    summary = reservation_summary(
+        reservations,
+        since=since.timestamp(),
+        until=until.timestamp(),
+        quota_units=tenant.quota_units,
+    )
+    hours = (until - since).total_seconds() / 3600.0
+    quota_unit_hours = tenant.quota_units * hours
+    reserved_unit_hours = summary.unit_seconds / 3600.0
+    return UsageReport(
+        tenant=tenant.slug,
+        since=since,
+        until=until,
+        quota_units=tenant.quota_units,
+        burst_units=tenant.burst_units,
+        requests=requests,
+        requests_by_class=by_class,
+        requests_by_outcome=by_outcome,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        reserved_unit_hours=reserved_unit_hours,
+        quota_unit_hours=quota_unit_hours,
+        quota_utilisation=reserved_unit_hours / quota_unit_hours if quota_unit_hours else None,
+        peak_reserved_units=summary.peak_units,
+        seconds_over_quota=summary.seconds_over_quota,
+        queue_wait_ms=_percentiles(waits),
+        latency_ms=_percentiles(latencies),
+        rejected_429=by_status.get("429", 0),
+        rejections_by_status=dict(sorted(by_status.items())),
+        timeouts=by_outcome[Outcome.TIMEOUT],
+    )
+
+
+def tenant_usage_reports(
+    *, tenant: Tenant, since: datetime, until: datetime, per: Period | None = None
+) -> list[UsageReport]:
+    """One report for [since, until), or one per hour/day/month within it."""
+    if until <= since:
+        raise BadPeriod(f"The report's end ({until.isoformat()}) is not after its start.")
+    windows = period_windows(per, since, until) if per else [(since, until)]
+    return [tenant_usage_report(tenant=tenant, since=s, until=u) for s, u in windows]
+
+
+def report_range(
+    *,
+    since: datetime | None,
+    until: datetime | None,
+    period: Period | None,
+    now: datetime | None = None,
+) -> tuple[datetime, datetime]:
+    """What a caller asked for: an explicit range, or the current hour/day/month (until
+    now), or, with neither, the current month."""
+    now = now or datetime.now(tz=UTC)
+    if since is None:
+        since = period_start(period or "month", now)
+    until = until or now
+    if until <= since:
+        raise BadPeriod(f"The report's end ({until.isoformat()}) is not after its start.")
+    return since, until
+
+
+CSV_COLUMNS = (
+    "tenant", "since", "until", "hours", "quota_units", "burst_units", "requests",
+    *(f"requests_{o}" for o in OUTCOMES),
+    *(f"requests_{c}" for c in REQUEST_CLASSES),
+    "prompt_tokens", "completion_tokens", "reserved_unit_hours", "quota_unit_hours",
+    "quota_utilisation", "peak_reserved_units", "seconds_over_quota",
+    "queue_wait_p50_ms", "queue_wait_p95_ms", "queue_wait_p99_ms",
+    "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "rejected_429", "timeouts",
+)  # fmt: skip
+
+
+def report_row(report: UsageReport) -> dict[str, Any]:
+    """A report as one flat row (CSV, tables)."""
+    data = report.as_dict()
+    row: dict[str, Any] = {
+        "tenant": report.tenant,
+        "since": data["since"],
+        "until": data["until"],
+        "hours": data["hours"],
+        "quota_units": report.quota_units,
+        "burst_units": report.burst_units,
+        "requests": report.requests,
+        "prompt_tokens": report.prompt_tokens,
+        "completion_tokens": report.completion_tokens,
+        **data["reservation"],
+        "rejected_429": report.rejected_429,
+        "timeouts": report.timeouts,
+    }
+    for outcome, count in report.requests_by_outcome.items():
+        row[f"requests_{outcome}"] = count
+    for request_class, outcomes in report.requests_by_class.items():
+        row[f"requests_{request_class}"] = sum(outcomes.values())
+    for name, values in (("queue_wait", report.queue_wait_ms), ("latency", report.latency_ms)):
+        for q, value in values.items():
+            row[f"{name}_{q}_ms"] = round(value, 3) if value is not None else ""
+    if row["quota_utilisation"] is None:
+        row["quota_utilisation"] = ""
+    return {column: row.get(column, "") for column in CSV_COLUMNS}
+
+
+def reports_csv(reports: Iterable[UsageReport]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for report in reports:
+        writer.writerow(report_row(report))
+    return out.getvalue()
