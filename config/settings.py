@@ -232,5 +232,24 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
 }
 
 # --- Batches (issue 6) ----------------------------------------------------------------
+# Uploaded JSONL files and batch outputs, one folder per tenant.
+GPUSHARE_BATCH_FILES_DIR = Path(env_str("GPUSHARE_BATCH_FILES_DIR", str(VAR_DIR / "files")))
+GPUSHARE_BATCH_MAX_FILE_BYTES = env_int("GPUSHARE_BATCH_MAX_FILE_BYTES", 200 * 1024 * 1024)
+GPUSHARE_BATCH_MAX_LINES = env_int("GPUSHARE_BATCH_MAX_LINES", 50_000)
+# Lines of one batch in the fair queue (waiting or running) at once: the rest wait in the
+# database, so a 50,000-line file never sits in Redis whole.
+GPUSHARE_BATCH_WINDOW = env_int("GPUSHARE_BATCH_WINDOW", 64)
+# What the completion window "24h" lasts, in seconds; tests shorten it to see expiry.
+GPUSHARE_BATCH_COMPLETION_WINDOW_S = env_float("GPUSHARE_BATCH_COMPLETION_WINDOW_S", 24 * 3600.0)
+GPUSHARE_BATCH_FEED_INTERVAL_S = env_float("GPUSHARE_BATCH_FEED_INTERVAL_S", 2.0)
+# A line whose job ended in Redis without its result reaching the database is fed again
+# after this long (its worker died between the engine's answer and the write).
+GPUSHARE_BATCH_LOST_GRACE_S = env_float("GPUSHARE_BATCH_LOST_GRACE_S", 10.0)
+CELERY_IMPORTS.append("workers.batch_tasks")
+CELERY_BEAT_SCHEDULE["batch-feeder"] = {
+    "task": "workers.batch_tick",
+    "schedule": GPUSHARE_BATCH_FEED_INTERVAL_S,
+    "options": {"expires": 5 * GPUSHARE_BATCH_FEED_INTERVAL_S},
+}
 
 # --- Telemetry and reports (issue 7) ------------------------------------------------------

@@ -63,3 +63,71 @@ class EngineAdmin(admin.ModelAdmin[Engine]):
     @admin.display(description="tenant")
     def owner(self, engine: Engine) -> str:
         return engine.dedicated_tenant.slug if engine.dedicated_tenant else "shared"
+
+
+# --- Files and batches (issue 6) ------------------------------------------------------
+from typing import Any  # noqa: E402
+
+from scheduler.batches import batch_list_for_staff, batch_object, batch_progress_percent  # noqa: E402
+from scheduler.models import Batch, StoredFile  # noqa: E402
+
+
+@admin.register(StoredFile)
+class StoredFileAdmin(admin.ModelAdmin[StoredFile]):
+    list_display = ("public_id", "tenant", "purpose", "filename", "size_bytes", "created_at")
+    list_filter = ("purpose",)
+    search_fields = ("public_id", "filename", "tenant__slug")
+    readonly_fields = (
+        "public_id",
+        "tenant",
+        "purpose",
+        "size_bytes",
+        "relative_path",
+        "created_at",
+    )
+
+
+@admin.register(Batch)
+class BatchAdmin(admin.ModelAdmin[Batch]):
+    list_display = (
+        "public_id",
+        "tenant",
+        "status",
+        "progress",
+        "lines",
+        "created_at",
+        "expires_at",
+    )
+    list_filter = ("status", "endpoint")
+    search_fields = ("public_id", "tenant__slug", "input_file_id")
+    readonly_fields = (
+        "public_id",
+        "tenant",
+        "api_key",
+        "endpoint",
+        "input_file_id",
+        "output_file_id",
+        "error_file_id",
+        "errors",
+        "stop_reason",
+        "created_at",
+        "in_progress_at",
+        "finalizing_at",
+        "completed_at",
+        "failed_at",
+        "expired_at",
+        "cancelling_at",
+        "cancelled_at",
+    )
+
+    def get_queryset(self, request: Any) -> Any:
+        return batch_list_for_staff()
+
+    @admin.display(description="progress")
+    def progress(self, batch: Batch) -> str:
+        return f"{batch_progress_percent(batch):g}%"
+
+    @admin.display(description="lines (done/failed/total)")
+    def lines(self, batch: Batch) -> str:
+        counts = batch_object(batch)["request_counts"]
+        return f"{counts['completed']}/{counts['failed']}/{counts['total']}"

@@ -149,3 +149,149 @@ class Engine(models.Model):
     @property
     def footprint_display(self) -> str:
         return format_units(self.footprint_units)
+
+
+# --- Files and batches (issue 6) ------------------------------------------------------
+
+
+class FilePurpose(models.TextChoices):
+    BATCH = "batch", "batch"
+    BATCH_OUTPUT = "batch_output", "batch_output"
+
+
+class StoredFile(models.Model):
+    """A file a tenant uploaded (a batch's JSONL input) or a batch wrote (its output and
+    errors). The bytes live on disk under GPUSHARE_BATCH_FILES_DIR; this row is the index."""
+
+    public_id = models.CharField(max_length=64, unique=True)
+    tenant = models.ForeignKey(
+        "tenants.Tenant", on_delete=models.CASCADE, related_name="stored_files"
+    )
+    purpose = models.CharField(max_length=16, choices=FilePurpose.choices)
+    filename = models.CharField(max_length=255)
+    size_bytes = models.PositiveBigIntegerField()
+    relative_path = models.CharField(max_length=300, help_text="Under the files folder.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("-pk",)
+        indexes = (models.Index(fields=("tenant", "purpose"), name="file_tenant_purpose"),)
+
+    def __str__(self) -> str:
+        return self.public_id
+
+
+class BatchStatus(models.TextChoices):
+    VALIDATING = "validating", "validating"
+    FAILED = "failed", "failed"
+    IN_PROGRESS = "in_progress", "in_progress"
+    FINALIZING = "finalizing", "finalizing"
+    COMPLETED = "completed", "completed"
+    EXPIRED = "expired", "expired"
+    CANCELLING = "cancelling", "cancelling"
+    CANCELLED = "cancelled", "cancelled"
+
+
+# Batches the feeder still has work for.
+ACTIVE_BATCH_STATUSES = (
+    BatchStatus.VALIDATING,
+    BatchStatus.IN_PROGRESS,
+    BatchStatus.FINALIZING,
+    BatchStatus.CANCELLING,
+)
+
+
+class BatchStop(models.TextChoices):
+    """Why a batch stopped admitting lines before all had run; empty while it runs."""
+
+    NONE = "", "none"
+    CANCELLED = "cancelled", "cancelled"
+    EXPIRED = "expired", "expired"
+    BUDGET = "budget", "token budget used up"
+
+
+class Batch(models.Model):
+    """An OpenAI-style batch: lines of one input file run as offline work.
+
+    The database is the source of truth for which lines are done (BatchLine.state); the fair
+    queue in Redis only holds the window of lines in flight, and is refilled from here."""
+
+    public_id = models.CharField(max_length=64, unique=True)
+    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="batches")
+    api_key = models.ForeignKey(
+        "tenants.ApiKey", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    endpoint = models.CharField(max_length=64)
+    input_file_id = models.CharField(max_length=64)
+    completion_window = models.CharField(max_length=8, default="24h")
+    metadata = models.JSONField(null=True, blank=True)
+    status = models.CharField(
+        max_length=12, choices=BatchStatus.choices, default=BatchStatus.VALIDATING
+    )
+    stop_reason = models.CharField(max_length=12, choices=BatchStop.choices, blank=True)
+    errors = models.JSONField(null=True, blank=True, help_text="OpenAI's errors object.")
+    output_file_id = models.CharField(max_length=64, blank=True)
+    error_file_id = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    in_progress_at = models.DateTimeField(null=True, blank=True)
+    finalizing_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    failed_at = models.DateTimeField(null=True, blank=True)
+    expired_at = models.DateTimeField(null=True, blank=True)
+    cancelling_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-pk",)
+        verbose_name_plural = "batches"
+        indexes = (models.Index(fields=("status",), name="batch_status"),)
+
+    def __str__(self) -> str:
+        return self.public_id
+
+
+class LineState(models.TextChoices):
+    PENDING = "pending", "pending"  # not in the fair queue
+    QUEUED = "queued", "queued"  # handed to the fair queue (waiting or running there)
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    EXPIRED = "expired", "expired"
+    CANCELLED = "cancelled", "cancelled"
+
+
+UNFINISHED_LINE_STATES = (LineState.PENDING, LineState.QUEUED)
+
+
+class BatchLine(models.Model):
+    """One request of a batch and, once it ran, its result: written once, because only an
+    unfinished line can be finished (a job that ran twice finds the line already done)."""
+
+    batch = models.ForeignKey(Batch, on_delete=models.CASCADE, related_name="lines")
+    index = models.PositiveIntegerField(help_text="1-based line number in the input file.")
+    custom_id = models.CharField(max_length=512)
+    model = models.CharField(max_length=200)
+    body = models.JSONField()
+    state = models.CharField(max_length=10, choices=LineState.choices, default=LineState.PENDING)
+    job_id = models.CharField(max_length=64, blank=True, help_text="Its current fair-queue job.")
+    runs = models.PositiveIntegerField(default=0, help_text="Times it was handed to the queue.")
+    fed_at = models.DateTimeField(null=True, blank=True)
+    # First time the feeder saw its job ended in Redis without a result here: after a grace
+    # period the line is fed again (the worker died between the engine's answer and the write).
+    lost_seen_at = models.DateTimeField(null=True, blank=True)
+    response = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("batch", "index")
+        constraints = (
+            models.UniqueConstraint(
+                fields=("batch", "custom_id"), name="batchline_unique_custom_id"
+            ),
+            models.UniqueConstraint(fields=("batch", "index"), name="batchline_unique_index"),
+        )
+        indexes = (models.Index(fields=("batch", "state", "index"), name="batchline_feed"),)
+
+    def __str__(self) -> str:
+        return f"{self.batch_id}:{self.custom_id}"

@@ -8,3 +8,17 @@ openai_urlpatterns = [
     path("chat/completions", openai_api.chat_completions, name="v1-chat-completions"),
     path("completions", openai_api.completions, name="v1-completions"),
 ]
+
+# --- Files and batches (issue 6) ------------------------------------------------------
+from scheduler import batch_api  # noqa: E402
+
+openai_urlpatterns += [
+    path("files", batch_api.FileListCreateApi.as_view(), name="v1-files"),
+    path("files/<str:file_id>", batch_api.FileDetailApi.as_view(), name="v1-file"),
+    path("files/<str:file_id>/content", batch_api.FileContentApi.as_view(), name="v1-file-content"),
+    path("batches", batch_api.BatchListCreateApi.as_view(), name="v1-batches"),
+    path("batches/<str:batch_id>", batch_api.BatchDetailApi.as_view(), name="v1-batch"),
+    path(
+        "batches/<str:batch_id>/cancel", batch_api.BatchCancelApi.as_view(), name="v1-batch-cancel"
+    ),
+]

@@ -12,6 +12,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from scheduler.batches import batch_line_finished
 from scheduler.engines.supervisor import engine_client
 from scheduler.fairqueue.domain import Job
 from scheduler.fairqueue.queue import FairQueue
@@ -69,6 +70,11 @@ def settle_and_record(job: Job, result: RunResult) -> None:
         except Exception:  # a missed refund only errs on the strict side
             log.warning("could not settle limits of job %s", job.job_id, exc_info=True)
     record_usage.delay(usage_fields(job, request, result))
+    if request.get("batch_id"):  # nobody waits on a batch line: its result goes to its batch
+        batch_line_finished(
+            job_id=job.job_id, request=request, response_body=result.response_body,
+            error_body=result.error_body, status_code=result.status_code,
+        )  # fmt: skip
 
 
 def usage_fields(job: Job, request: dict[str, Any], result: RunResult) -> dict[str, Any]:

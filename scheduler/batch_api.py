@@ -1,0 +1,139 @@
+"""The OpenAI Files and Batches API (thin views: services write, selectors read, both
+through the caller's tenant)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import FileResponse
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.parsers import JSONParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from config.errors import DomainError
+from scheduler import batches, files
+from tenants.auth import TenantApiView
+
+
+class PageInput(serializers.Serializer[Any]):
+    after = serializers.CharField(required=False, allow_blank=True)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=100, default=20)
+
+
+def _page_body(page: files.Page, render: Any) -> dict[str, Any]:
+    data = [render(item) for item in page.items]
+    return {
+        "object": "list",
+        "data": data,
+        "has_more": page.has_more,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }
+
+
+class FileListCreateApi(TenantApiView):
+    """`POST /v1/files` (multipart: file, purpose=batch), `GET /v1/files`."""
+
+    parser_classes = [MultiPartParser]
+
+    class ListInput(PageInput):
+        purpose = serializers.CharField(required=False, allow_blank=True)
+
+    @extend_schema(parameters=[ListInput])
+    def get(self, request: Request) -> Response:
+        params = self.ListInput(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        queryset = files.file_list(
+            tenant=self.principal.tenant, purpose=params.validated_data.get("purpose") or None
+        )
+        page = files.paginate(
+            queryset,
+            after=params.validated_data.get("after") or None,
+            limit=params.validated_data["limit"],
+        )
+        return Response(_page_body(page, files.file_object))
+
+    def post(self, request: Request) -> Response:
+        upload = request.FILES.get("file")
+        if upload is None:
+            raise DomainError("Send the file as the multipart field 'file'.", param="file")
+        stored = files.file_create(
+            tenant=self.principal.tenant,
+            purpose=str(request.data.get("purpose", "")),
+            filename=upload.name or "",
+            chunks=upload.chunks(files.COPY_CHUNK_BYTES),
+        )
+        return Response(files.file_object(stored))
+
+
+class FileDetailApi(TenantApiView):
+    def get(self, request: Request, file_id: str) -> Response:
+        stored = files.file_get(tenant=self.principal.tenant, file_id=file_id)
+        return Response(files.file_object(stored))
+
+    def delete(self, request: Request, file_id: str) -> Response:
+        stored = files.file_get(tenant=self.principal.tenant, file_id=file_id)
+        files.file_delete(stored=stored)
+        return Response({"id": file_id, "object": "file", "deleted": True})
+
+
+class FileContentApi(TenantApiView):
+    def get(self, request: Request, file_id: str) -> FileResponse:
+        stored = files.file_get(tenant=self.principal.tenant, file_id=file_id)
+        try:
+            handle = files.file_path(stored).open("rb")
+        except OSError:
+            raise files.NotFound(f"The content of {file_id} is gone.", param="id") from None
+        return FileResponse(
+            handle,
+            content_type="application/octet-stream",
+            as_attachment=True,
+            filename=stored.filename,
+        )
+
+
+class BatchListCreateApi(TenantApiView):
+    """`POST /v1/batches`, `GET /v1/batches` (newest first, `after` + `limit` cursor)."""
+
+    parser_classes = [JSONParser]
+
+    class CreateInput(serializers.Serializer[Any]):
+        input_file_id = serializers.CharField()
+        endpoint = serializers.CharField()
+        completion_window = serializers.CharField()
+        metadata = serializers.JSONField(required=False, allow_null=True)
+
+    @extend_schema(parameters=[PageInput])
+    def get(self, request: Request) -> Response:
+        params = PageInput(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        page = files.paginate(
+            batches.batch_list(tenant=self.principal.tenant),
+            after=params.validated_data.get("after") or None,
+            limit=params.validated_data["limit"],
+        )
+        return Response(_page_body(page, batches.batch_object))
+
+    @extend_schema(request=CreateInput)
+    def post(self, request: Request) -> Response:
+        data = self.CreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        batch = batches.batch_create(
+            tenant=self.principal.tenant, api_key=self.principal.api_key, **data.validated_data
+        )
+        created = batches.batch_get(tenant=self.principal.tenant, batch_id=batch.public_id)
+        return Response(batches.batch_object(created))
+
+
+class BatchDetailApi(TenantApiView):
+    def get(self, request: Request, batch_id: str) -> Response:
+        batch = batches.batch_get(tenant=self.principal.tenant, batch_id=batch_id)
+        return Response(batches.batch_object(batch))
+
+
+class BatchCancelApi(TenantApiView):
+    def post(self, request: Request, batch_id: str) -> Response:
+        batch = batches.batch_get(tenant=self.principal.tenant, batch_id=batch_id)
+        return Response(batches.batch_object(batches.batch_cancel(batch=batch)))

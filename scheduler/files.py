@@ -1,0 +1,157 @@
+"""Files of the OpenAI Files API: a tenant's batch inputs and its batches' outputs.
+
+The bytes are on disk under GPUSHARE_BATCH_FILES_DIR (one folder per tenant), the index in
+the database (`StoredFile`). Every read goes through the tenant: another tenant's file id
+is answered exactly like an unknown one (404), so ids reveal nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import QuerySet
+
+from config.errors import DomainError, NotFound
+from scheduler.models import FilePurpose, StoredFile
+from tenants.models import Tenant
+
+COPY_CHUNK_BYTES = 1024 * 1024
+
+
+class FileTooLarge(DomainError):
+    http_status = 413
+    code = "file_too_large"
+
+
+class InvalidFile(DomainError):
+    code = "invalid_file"
+
+
+def new_file_id() -> str:
+    return f"file-{secrets.token_hex(12)}"
+
+
+def files_root() -> Path:
+    return Path(settings.GPUSHARE_BATCH_FILES_DIR)
+
+
+def file_path(stored: StoredFile) -> Path:
+    return files_root() / stored.relative_path
+
+
+def _write_atomically(target: Path, chunks: Iterable[bytes], limit: int) -> int:
+    """Writes `chunks` to `target` through a temporary file in the same folder, so a reader
+    never sees half a file; raises FileTooLarge past `limit` bytes (nothing is left)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    size = 0
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".upload-")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            for chunk in chunks:
+                size += len(chunk)
+                if size > limit:
+                    raise FileTooLarge(f"The file is larger than the limit of {limit} bytes.")
+                out.write(chunk)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return size
+
+
+def file_create(
+    *, tenant: Tenant, purpose: str, filename: str, chunks: Iterable[bytes]
+) -> StoredFile:
+    """Stores an upload (or a batch's output) for `tenant`."""
+    if purpose not in FilePurpose.values:
+        raise InvalidFile(
+            f"Unsupported purpose {purpose!r}; use 'batch'.",
+            param="purpose",
+            code="invalid_purpose",
+        )
+    public_id = new_file_id()
+    relative = f"{tenant.pk}/{public_id}.jsonl"
+    size = _write_atomically(
+        files_root() / relative, chunks, settings.GPUSHARE_BATCH_MAX_FILE_BYTES
+    )
+    try:
+        return StoredFile.objects.create(
+            public_id=public_id,
+            tenant=tenant,
+            purpose=purpose,
+            filename=(filename or "upload.jsonl")[:255],
+            size_bytes=size,
+            relative_path=relative,
+        )
+    except BaseException:
+        (files_root() / relative).unlink(missing_ok=True)
+        raise
+
+
+def file_delete(*, stored: StoredFile) -> None:
+    path = file_path(stored)
+    with transaction.atomic():
+        stored.delete()
+        # The row goes first: if the unlink fails the bytes are an orphan, never a row
+        # pointing at nothing.
+        transaction.on_commit(lambda: path.unlink(missing_ok=True))
+
+
+# --- selectors --------------------------------------------------------------------------
+
+
+def file_list(*, tenant: Tenant, purpose: str | None = None) -> QuerySet[StoredFile]:
+    files = StoredFile.objects.filter(tenant=tenant)
+    if purpose:
+        files = files.filter(purpose=purpose)
+    return files
+
+
+def file_get(*, tenant: Tenant, file_id: str) -> StoredFile:
+    stored = StoredFile.objects.filter(tenant=tenant, public_id=file_id).first()
+    if stored is None:
+        raise NotFound(f"No such File object: {file_id}", param="id")
+    return stored
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a list, as OpenAI's cursor pages: newest first, `after` = last id seen."""
+
+    items: list[Any]
+    has_more: bool
+
+
+def paginate(queryset: QuerySet[Any], *, after: str | None, limit: int) -> Page:
+    """Pages a queryset ordered newest first (by -pk) with OpenAI's `after` cursor; an
+    unknown cursor is a 400 rather than silently restarting from the top."""
+    if after:
+        anchor = queryset.filter(public_id=after).values_list("pk", flat=True).first()
+        if anchor is None:
+            raise DomainError(f"Unknown cursor 'after': {after}", param="after")
+        queryset = queryset.filter(pk__lt=anchor)
+    rows = list(queryset.order_by("-pk")[: limit + 1])
+    return Page(items=rows[:limit], has_more=len(rows) > limit)
+
+
+def file_object(stored: StoredFile) -> dict[str, Any]:
+    """The file as OpenAI's `FileObject`."""
+    return {
+        "id": stored.public_id,
+        "object": "file",
+        "bytes": stored.size_bytes,
+        "created_at": int(stored.created_at.timestamp()),
+        "filename": stored.filename,
+        "purpose": stored.purpose,
+        "status": "processed",
+        "status_details": None,
+        "expires_at": None,
+    }

@@ -1,0 +1,104 @@
+"""The Files API: upload, list, read, delete; a tenant sees only its own files."""
+
+import pytest
+
+from tests.conftest import bearer_client
+
+pytestmark = pytest.mark.django_db
+
+JSONL = b'{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}}\n'
+
+
+@pytest.fixture
+def files_dir(settings, tmp_path):
+    settings.GPUSHARE_BATCH_FILES_DIR = tmp_path / "files"
+    return settings.GPUSHARE_BATCH_FILES_DIR
+
+
+def upload(client, content: bytes = JSONL, purpose: str = "batch", name: str = "in.jsonl"):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    return client.post(
+        "/v1/files",
+        {"file": SimpleUploadedFile(name, content), "purpose": purpose},
+        format="multipart",
+    )
+
+
+def test_an_upload_is_stored_on_disk_and_described_like_openai(files_dir, owner_key):
+    response = upload(bearer_client(owner_key))
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["id"].startswith("file-")
+    assert body["object"] == "file"
+    assert body["bytes"] == len(JSONL)
+    assert body["filename"] == "in.jsonl"
+    assert body["purpose"] == "batch"
+    assert body["status"] == "processed"
+    assert isinstance(body["created_at"], int)
+    [stored] = list(files_dir.rglob("*.jsonl"))
+    assert stored.read_bytes() == JSONL
+
+
+def test_owner_and_teammate_share_files_and_an_outsider_gets_404(
+    files_dir, owner_key, teammate_key, outsider_key
+):
+    file_id = upload(bearer_client(owner_key)).json()["id"]
+    teammate, outsider = bearer_client(teammate_key), bearer_client(outsider_key)
+
+    assert teammate.get(f"/v1/files/{file_id}").json()["id"] == file_id
+    assert teammate.get(f"/v1/files/{file_id}/content").getvalue() == JSONL
+    assert [f["id"] for f in teammate.get("/v1/files").json()["data"]] == [file_id]
+
+    for path in (f"/v1/files/{file_id}", f"/v1/files/{file_id}/content"):
+        response = outsider.get(path)
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "not_found"
+    assert outsider.delete(f"/v1/files/{file_id}").status_code == 404
+    assert outsider.get("/v1/files").json()["data"] == []
+    assert teammate.get(f"/v1/files/{file_id}").status_code == 200
+
+
+def test_delete_removes_the_row_and_the_bytes(
+    files_dir, owner_key, django_capture_on_commit_callbacks
+):
+    client = bearer_client(owner_key)
+    file_id = upload(client).json()["id"]
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.delete(f"/v1/files/{file_id}")
+    assert response.json() == {"id": file_id, "object": "file", "deleted": True}
+    assert client.get(f"/v1/files/{file_id}").status_code == 404
+    assert list(files_dir.rglob("*.jsonl")) == []
+
+
+def test_a_file_over_the_size_limit_is_refused_with_413_and_leaves_nothing(
+    files_dir, owner_key, settings
+):
+    settings.GPUSHARE_BATCH_MAX_FILE_BYTES = 10
+    response = upload(bearer_client(owner_key))
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "file_too_large"
+    assert not any(p.is_file() for p in files_dir.rglob("*"))
+
+
+def test_an_unknown_purpose_or_a_missing_file_is_a_400(files_dir, owner_key):
+    client = bearer_client(owner_key)
+    response = upload(client, purpose="fine-tune")
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "purpose"
+    response = client.post("/v1/files", {"purpose": "batch"}, format="multipart")
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "file"
+
+
+def test_the_list_pages_newest_first_with_an_after_cursor(files_dir, owner_key):
+    client = bearer_client(owner_key)
+    ids = [upload(client, name=f"{i}.jsonl").json()["id"] for i in range(3)]
+    first = client.get("/v1/files", {"limit": 2}).json()
+    assert [f["id"] for f in first["data"]] == [ids[2], ids[1]]
+    assert first["has_more"] is True
+    assert (first["first_id"], first["last_id"]) == (ids[2], ids[1])
+    rest = client.get("/v1/files", {"limit": 2, "after": first["last_id"]}).json()
+    assert [f["id"] for f in rest["data"]] == [ids[0]]
+    assert rest["has_more"] is False
+    assert client.get("/v1/files", {"after": "file-nope"}).status_code == 400
