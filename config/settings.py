@@ -253,3 +253,27 @@ CELERY_BEAT_SCHEDULE["batch-feeder"] = {
 }
 
 # --- Telemetry and reports (issue 7) ------------------------------------------------------
+# How often the sampler reads GPUs and engines (seconds), and the time constant of the GPU
+# utilisation's moving average (a busy spike of one sample does not close the offline gate).
+GPUSHARE_TELEMETRY_INTERVAL_S = env_float("GPUSHARE_TELEMETRY_INTERVAL_S", 5.0)
+GPUSHARE_TELEMETRY_SMOOTHING_S = env_float("GPUSHARE_TELEMETRY_SMOOTHING_S", 30.0)
+# History: raw samples for this many days, then per-minute means until the second limit,
+# then per-hour means until the retention drops them.
+GPUSHARE_TELEMETRY_RAW_DAYS = env_int("GPUSHARE_TELEMETRY_RAW_DAYS", 1)
+GPUSHARE_TELEMETRY_MINUTE_DAYS = env_int("GPUSHARE_TELEMETRY_MINUTE_DAYS", 30)
+GPUSHARE_TELEMETRY_RETENTION_DAYS = env_int("GPUSHARE_TELEMETRY_RETENTION_DAYS", 365)
+GPUSHARE_TELEMETRY_ROLLUP_INTERVAL_S = env_float("GPUSHARE_TELEMETRY_ROLLUP_INTERVAL_S", 300.0)
+# Set: /metrics asks for `Authorization: Bearer <this>`; empty: open (scrapers inside the
+# cluster's network).
+GPUSHARE_METRICS_TOKEN = env_str("GPUSHARE_METRICS_TOKEN", "")
+CELERY_IMPORTS.append("workers.telemetry_tasks")
+CELERY_BEAT_SCHEDULE["telemetry-sample"] = {
+    "task": "workers.telemetry_sample",
+    "schedule": GPUSHARE_TELEMETRY_INTERVAL_S,
+    "options": {"expires": 2 * GPUSHARE_TELEMETRY_INTERVAL_S},
+}
+CELERY_BEAT_SCHEDULE["telemetry-rollup"] = {
+    "task": "workers.telemetry_rollup",
+    "schedule": GPUSHARE_TELEMETRY_ROLLUP_INTERVAL_S,
+    "options": {"expires": GPUSHARE_TELEMETRY_ROLLUP_INTERVAL_S},
+}

@@ -5,6 +5,9 @@ Names from vLLM's own source (vllm/v1/metrics/loggers.py):
   `num_gpu_blocks` (KV blocks the engine allocated; on the CPU backend too) and `block_size`.
 - `vllm:num_requests_running`, `vllm:num_requests_waiting`: gauges, per engine.
 - `vllm:kv_cache_usage_perc`: KV-cache usage, 0..1.
+- `vllm:num_preemptions` (a counter, sampled as `..._total`): requests preempted for KV room.
+- `vllm:time_to_first_token_seconds`: a histogram; its `_sum` and `_count` give the mean TTFT
+  between two readings.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ CACHE_CONFIG_INFO = "vllm:cache_config_info"
 REQUESTS_RUNNING = "vllm:num_requests_running"
 REQUESTS_WAITING = "vllm:num_requests_waiting"
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+PREEMPTIONS = "vllm:num_preemptions_total"
+TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
+TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,10 @@ class EngineMetrics:
     requests_running: float
     requests_waiting: float
     kv_cache_usage: float | None
+    # Counters since the engine started; None where the engine does not export them.
+    preemptions_total: float | None = None
+    ttft_seconds_sum: float | None = None
+    ttft_seconds_count: float | None = None
 
     @property
     def kv_capacity_tokens(self) -> int | None:
@@ -50,6 +60,7 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
     block_size: int | None = None
     running = waiting = 0.0
     usage: float | None = None
+    counters: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == CACHE_CONFIG_INFO:
@@ -63,4 +74,15 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
                 waiting += sample.value
             elif sample.name == KV_CACHE_USAGE:
                 usage = max(usage or 0.0, sample.value)
-    return EngineMetrics(num_blocks, block_size, running, waiting, usage)
+            elif sample.name in (PREEMPTIONS, TTFT_SUM, TTFT_COUNT):
+                counters[sample.name] = counters.get(sample.name, 0.0) + sample.value
+    return EngineMetrics(
+        num_blocks,
+        block_size,
+        running,
+        waiting,
+        usage,
+        preemptions_total=counters.get(PREEMPTIONS),
+        ttft_seconds_sum=counters.get(TTFT_SUM),
+        ttft_seconds_count=counters.get(TTFT_COUNT),
+    )

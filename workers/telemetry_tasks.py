@@ -1,0 +1,31 @@
+"""Celery tasks of telemetry (issue 7): the sampler tick and the history rollup."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from celery import shared_task
+
+from workers.telemetry import telemetry_rollup, telemetry_sample
+
+
+@shared_task(name="workers.telemetry_sample")
+def sample() -> dict[str, Any]:
+    """Every few seconds: GPUs, engine checks, engines' /metrics and load, rejections, ledger
+    counters (workers.telemetry)."""
+    report = telemetry_sample()
+    return {
+        "skipped": report.skipped,
+        "gpus": len(report.gpus),
+        "engines": {e.engine: round(e.load, 3) for e in report.engines},
+        "failed_engines": report.failed_engines,
+        "rejections": report.rejections,
+        "ledger_rows": report.ledger_rows,
+    }
+
+
+@shared_task(name="workers.telemetry_rollup")
+def rollup() -> dict[str, int]:
+    """Now and then: history downsampled as it ages, and dropped past the retention."""
+    return asdict(telemetry_rollup())
