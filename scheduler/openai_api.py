@@ -22,6 +22,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from config.errors import DomainError, openai_error_body
+from config.metrics import rejection_hook
 from scheduler import online
 from scheduler.inference import Endpoint, InvalidRequest, parse_inference_request
 from scheduler.models import EngineStatus
@@ -58,6 +59,7 @@ def openai_endpoint(view: View) -> View:
         except InvalidRequest as exc:
             return error_response(online.BadRequest(exc.message, param=exc.param, code=exc.code))
         except DomainError as exc:
+            await rejection_hook(request, exc)
             return error_response(exc)
 
     return csrf_exempt(wrapper)

@@ -1,0 +1,356 @@
+"""`GET /metrics`: the platform in Prometheus text format, read at scrape time.
+
+Web, workers and beat are separate processes (and there may be many of each), so nothing
+here counts in process memory: a custom collector reads the shared state when Prometheus
+scrapes: the fair queue's snapshot and the samplers' live values in Redis, the ledger's
+counters (folded into Redis by the sampler), tenants and engines from the database.
+
+Every metric is named `gpushare_...` and listed in METRICS; the alert rules in
+`platform/prometheus/rules.yml` may use only these (a test checks it).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.urls import path
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from config.errors import DomainError
+
+log = logging.getLogger(__name__)
+
+# name -> (type, help). Histograms and counters are named without their suffixes.
+METRICS: dict[str, tuple[str, str]] = {
+    "gpushare_queue_depth": (
+        "gauge",
+        "Requests waiting in the fair queue.",
+    ),
+    "gpushare_queue_running": (
+        "gauge",
+        "Requests picked and running on an engine.",
+    ),
+    "gpushare_queue_oldest_wait_seconds": (
+        "gauge",
+        "How long the oldest waiting request has waited.",
+    ),
+    "gpushare_admission_wait_seconds": (
+        "histogram",
+        "Time from arrival to being picked (finished requests).",
+    ),
+    "gpushare_request_latency_seconds": (
+        "histogram",
+        "Time from arrival to the last token (finished requests).",
+    ),
+    "gpushare_requests": (
+        "counter",
+        "Finished requests by outcome, from the usage ledger.",
+    ),
+    "gpushare_tokens": (
+        "counter",
+        "Prompt and completion tokens, from the usage ledger.",
+    ),
+    "gpushare_rejections": (
+        "counter",
+        "Requests refused before queueing, by reason and HTTP status.",
+    ),
+    "gpushare_tenant_reserved_units": (
+        "gauge",
+        "KV memory the tenant holds now, in 256 MiB units.",
+    ),
+    "gpushare_tenant_quota_units": (
+        "gauge",
+        "The tenant's quota, in 256 MiB units.",
+    ),
+    "gpushare_tenant_burst_units": (
+        "gauge",
+        "Units the tenant may borrow above its quota.",
+    ),
+    "gpushare_engine_up": (
+        "gauge",
+        "1 while the engine is ready (or draining), 0 while it should run but cannot serve.",
+    ),
+    "gpushare_engine_load": (
+        "gauge",
+        "max(GPU utilisation smoothed, KV usage, reserved/capacity), 0..1.",
+    ),
+    "gpushare_engine_kv_cache_usage_ratio": (
+        "gauge",
+        "The engine's own KV-cache usage, 0..1.",
+    ),
+    "gpushare_engine_reserved_units": (
+        "gauge",
+        "KV memory the fair queue has reserved on the engine.",
+    ),
+    "gpushare_engine_inflight": (
+        "gauge",
+        "Requests the fair queue has in flight on the engine.",
+    ),
+    "gpushare_engine_requests_running": (
+        "gauge",
+        "Requests the engine says it runs.",
+    ),
+    "gpushare_engine_requests_waiting": (
+        "gauge",
+        "Requests waiting inside the engine (should stay 0).",
+    ),
+    "gpushare_engine_preemptions": (
+        "counter",
+        "Requests the engine preempted for KV room.",
+    ),
+    "gpushare_engine_ttft_seconds": (
+        "gauge",
+        "Mean time to first token over the last sample interval.",
+    ),
+    "gpushare_gpu_utilization_ratio": (
+        "gauge",
+        "SM utilisation of the GPU (pynvml), 0..1.",
+    ),
+    "gpushare_gpu_memory_used_bytes": (
+        "gauge",
+        "GPU memory in use.",
+    ),
+    "gpushare_gpu_memory_total_bytes": (
+        "gauge",
+        "GPU memory in all.",
+    ),
+    "gpushare_gpu_temperature_celsius": (
+        "gauge",
+        "GPU temperature.",
+    ),
+    "gpushare_gpu_power_watts": (
+        "gauge",
+        "GPU power draw.",
+    ),
+}
+
+# Engine statuses in which an engine should serve: `up` is exported for these only, so a
+# deliberately stopped engine is not "down".
+_EXPECTED_UP = ("starting", "warming", "ready", "draining", "failed")
+
+
+def _gauge(name: str, labels: list[str]) -> GaugeMetricFamily:
+    assert METRICS[name][0] == "gauge", name
+    return GaugeMetricFamily(name, METRICS[name][1], labels=labels)
+
+
+def _counter(name: str, labels: list[str]) -> CounterMetricFamily:
+    assert METRICS[name][0] == "counter", name
+    return CounterMetricFamily(name, METRICS[name][1], labels=labels)
+
+
+def _histogram(name: str, labels: list[str]) -> HistogramMetricFamily:
+    assert METRICS[name][0] == "histogram", name
+    return HistogramMetricFamily(name, METRICS[name][1], labels=labels)
+
+
+def _histograms(
+    counters: dict[tuple[str, ...], float], kind: str, sum_kind: str, buckets: tuple[float, ...]
+) -> dict[tuple[str, str, str], tuple[list[tuple[str, float]], float]]:
+    """Cumulative buckets and sums per (tenant, class, model) from the folded counters."""
+    per_labels: dict[tuple[str, str, str], dict[str, float]] = {}
+    sums: dict[tuple[str, str, str], float] = {}
+    for key, value in counters.items():
+        if key[0] == kind:
+            labels = (key[1], key[2], key[3])
+            per_labels.setdefault(labels, {})[key[4]] = value
+        elif key[0] == sum_kind:
+            sums[(key[1], key[2], key[3])] = value
+    result = {}
+    for labels, counts in per_labels.items():
+        running = 0.0
+        cumulative = []
+        for index, bound in enumerate(buckets):
+            running += counts.get(str(index), 0.0)
+            cumulative.append((repr(bound), running))
+        running += counts.get("inf", 0.0)
+        cumulative.append(("+Inf", running))
+        result[labels] = (cumulative, sums.get(labels, 0.0))
+    return result
+
+
+class PlatformCollector(Collector):
+    """Reads everything at scrape time; see the module's docstring."""
+
+    def collect(self) -> Iterator[Metric]:
+        for part in (self._queue, self._ledger, self._tenants, self._engines, self._gpus):
+            try:
+                yield from part()
+            except Exception:  # one unreachable source must not blank the whole page
+                log.exception("metrics: %s failed", part.__name__)
+
+    def _queue(self) -> Iterator[Metric]:
+        from scheduler.pools import fair_queue
+        from scheduler.units import UNIT_BYTES
+
+        snapshot = fair_queue().snapshot()
+        labels = ["pool", "class", "tenant"]
+        depth = _gauge("gpushare_queue_depth", labels)
+        running = _gauge("gpushare_queue_running", labels)
+        oldest = _gauge("gpushare_queue_oldest_wait_seconds", labels)
+        for row in snapshot.queues:
+            values = [row.pool, row.request_class, row.tenant]
+            depth.add_metric(values, row.waiting)
+            running.add_metric(values, row.running)
+            oldest.add_metric(values, row.oldest_wait_s or 0.0)
+        reserved = _gauge("gpushare_tenant_reserved_units", ["tenant"])
+        for tenant, used in snapshot.tenant_reserved_bytes.items():
+            reserved.add_metric([tenant], used / UNIT_BYTES)
+        engine_reserved = _gauge("gpushare_engine_reserved_units", ["engine"])
+        for engine, used in snapshot.engine_reserved_bytes.items():
+            engine_reserved.add_metric([engine], used / UNIT_BYTES)
+        inflight = _gauge("gpushare_engine_inflight", ["engine"])
+        for engine, count in snapshot.engine_inflight.items():
+            inflight.add_metric([engine], count)
+        yield from (depth, running, oldest, reserved, engine_reserved, inflight)
+
+    def _ledger(self) -> Iterator[Metric]:
+        from workers.telemetry import (
+            LATENCY_BUCKETS_S,
+            WAIT_BUCKETS_S,
+            ledger_counters,
+            rejection_counts,
+        )
+
+        counters = ledger_counters()
+        labels = ["tenant", "class", "model"]
+        requests = _counter("gpushare_requests", [*labels, "outcome"])
+        tokens = _counter("gpushare_tokens", [*labels, "kind"])
+        for key, value in sorted(counters.items()):
+            if key[0] == "req":
+                requests.add_metric(list(key[1:5]), value)
+            elif key[0] == "tok":
+                tokens.add_metric(list(key[1:5]), value)
+        yield from (requests, tokens)
+        for name, kind, sum_kind, buckets in (
+            ("gpushare_admission_wait_seconds", "wait", "wait_sum", WAIT_BUCKETS_S),
+            ("gpushare_request_latency_seconds", "lat", "lat_sum", LATENCY_BUCKETS_S),
+        ):
+            family = _histogram(name, labels)
+            for values, (cumulative, total) in sorted(
+                _histograms(counters, kind, sum_kind, buckets).items()
+            ):
+                family.add_metric(list(values), cumulative, total)
+            yield family
+        rejections = _counter("gpushare_rejections", ["tenant", "reason", "status"])
+        for (tenant, reason, status), count in sorted(rejection_counts().items()):
+            rejections.add_metric([tenant, reason, status], count)
+        yield rejections
+
+    def _tenants(self) -> Iterator[Metric]:
+        from tenants.models import Tenant
+
+        quota = _gauge("gpushare_tenant_quota_units", ["tenant"])
+        burst = _gauge("gpushare_tenant_burst_units", ["tenant"])
+        for slug, quota_units, burst_units in Tenant.objects.filter(is_active=True).values_list(
+            "slug", "quota_units", "burst_units"
+        ):
+            quota.add_metric([slug], quota_units)
+            burst.add_metric([slug], burst_units)
+        yield from (quota, burst)
+
+    def _engines(self) -> Iterator[Metric]:
+        from config.redis import redis_client
+        from scheduler.models import Engine
+        from workers.telemetry import engine_live
+
+        client = redis_client()
+        labels = ["engine", "model"]
+        up = _gauge("gpushare_engine_up", labels)
+        gauges: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            "load": _gauge("gpushare_engine_load", labels),
+            "kv_cache_usage": _gauge("gpushare_engine_kv_cache_usage_ratio", labels),
+            "requests_running": _gauge("gpushare_engine_requests_running", labels),
+            "requests_waiting": _gauge("gpushare_engine_requests_waiting", labels),
+            "ttft_mean_s": _gauge("gpushare_engine_ttft_seconds", labels),
+            "preemptions_total": _counter("gpushare_engine_preemptions", labels),
+        }
+        engines = Engine.objects.filter(status__in=_EXPECTED_UP).values_list(
+            "name", "served_model_name", "status"
+        )
+        for name, model, status in engines:
+            up.add_metric([name, model], 1 if status in ("ready", "draining") else 0)
+            live = engine_live(client, name)
+            for field, family in gauges.items():
+                if field in live:
+                    family.add_metric([name, model], float(live[field]))
+        yield up
+        yield from gauges.values()
+
+    def _gpus(self) -> Iterator[Metric]:
+        from config.redis import redis_client
+        from workers.telemetry import gpu_live, gpus_key
+
+        client = redis_client()
+        labels = ["node", "gpu"]
+        fields = {
+            "utilization_percent": _gauge("gpushare_gpu_utilization_ratio", labels),
+            "memory_used_bytes": _gauge("gpushare_gpu_memory_used_bytes", labels),
+            "memory_total_bytes": _gauge("gpushare_gpu_memory_total_bytes", labels),
+            "temperature_c": _gauge("gpushare_gpu_temperature_celsius", labels),
+            "power_w": _gauge("gpushare_gpu_power_watts", labels),
+        }
+        for member in sorted(str(m) for m in client.smembers(gpus_key())):
+            node, _, index = member.rpartition(":")
+            live = gpu_live(client, node, int(index))
+            if not live:  # expired: that GPU's sampler stopped
+                client.srem(gpus_key(), member)
+                continue
+            for field, family in fields.items():
+                if field in live:
+                    value = live[field] / 100.0 if field == "utilization_percent" else live[field]
+                    family.add_metric([node, index], value)
+        yield from fields.values()
+
+
+def metrics_text() -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PlatformCollector())
+    return generate_latest(registry)
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    token = settings.GPUSHARE_METRICS_TOKEN
+    if token:
+        given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            return HttpResponse("Unauthorized\n", status=401, content_type="text/plain")
+    return HttpResponse(metrics_text(), content_type=CONTENT_TYPE_LATEST)
+
+
+async def rejection_hook(request: HttpRequest, exc: DomainError) -> None:
+    """Called where the OpenAI API turns a domain error into a response: notes it with one
+    Redis HINCRBY (workers.telemetry.rejection_note). Never raises: counting must not
+    change the answer."""
+    from workers.telemetry import rejection_note
+
+    fields: dict[str, Any] = {
+        "authorization": request.headers.get("Authorization", ""),
+        "reason": exc.code or type(exc).__name__,
+        "status": exc.http_status,
+        "request_class": request.headers.get("X-Request-Class", "").strip().lower(),
+        "endpoint": "chat" if "chat" in request.path else "completions",
+        "at": time.time(),
+    }
+    try:
+        await sync_to_async(rejection_note, thread_sensitive=False)(**fields)
+    except Exception:
+        log.warning("could not note a rejection (%s)", fields["reason"], exc_info=True)
+
+
+urlpatterns = [path("metrics", metrics_view, name="metrics")]

@@ -1,0 +1,59 @@
+"""The Prometheus alert rules parse and use only metric names that /metrics exposes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from config.metrics import METRICS
+
+RULES = Path(__file__).resolve().parents[1] / "platform" / "prometheus" / "rules.yml"
+SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
+
+
+def exposed_sample_names() -> set[str]:
+    """The sample names the text format shows for each documented metric."""
+    return {name + suffix for name, (kind, _) in METRICS.items() for suffix in SUFFIXES[kind]}
+
+
+def rules() -> list[dict[str, Any]]:
+    data = yaml.safe_load(RULES.read_text())
+    return [rule for group in data["groups"] for rule in group["rules"]]
+
+
+def test_the_rules_file_parses_into_named_groups_of_alerts():
+    data = yaml.safe_load(RULES.read_text())
+    assert data["groups"]
+    for group in data["groups"]:
+        assert group["name"].startswith("gpushare-")
+        for rule in group["rules"]:
+            assert set(rule) >= {"alert", "expr", "for", "labels", "annotations"}
+            assert rule["labels"]["severity"] in {"page", "warning", "info"}
+            assert rule["annotations"]["summary"]
+
+
+def test_the_rules_refer_only_to_metrics_that_exist():
+    exposed = exposed_sample_names()
+    for rule in rules():
+        used = set(re.findall(r"\bgpushare_\w+", rule["expr"]))
+        assert used, rule["alert"]
+        assert used <= exposed, (rule["alert"], used - exposed)
+
+
+def test_the_seed_advice_is_covered_with_its_durations():
+    by_name = {rule["alert"]: rule for rule in rules()}
+    kv = by_name["GpushareKvCacheHigh"]
+    assert "> 0.85" in kv["expr"]
+    assert kv["for"] == "3m"
+    p99 = by_name["GpushareInteractiveP99OverTarget"]
+    assert "histogram_quantile(0.99" in p99["expr"]
+    assert p99["for"] == "2m"
+    assert by_name["GpushareTenantAtQuota"]["for"] == "10m"
+    assert "gpushare_engine_up == 0" in by_name["GpushareEngineDown"]["expr"]
+    assert (
+        "gpushare_queue_oldest_wait_seconds"
+        in (by_name["GpushareInteractiveQueueWaitOverTarget"]["expr"])
+    )
