@@ -8,6 +8,7 @@ from typing import Any
 from django.http import FileResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
+from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -79,7 +80,20 @@ class FileDetailApi(TenantApiView):
         return Response({"id": file_id, "object": "file", "deleted": True})
 
 
+class AnyAccept(BaseContentNegotiation):
+    """File content is bytes whatever the client accepts (the openai client asks for
+    `application/binary`); errors still render as JSON."""
+
+    def select_parser(self, request: Request, parsers: Any) -> Any:
+        return parsers[0] if parsers else None
+
+    def select_renderer(self, request: Request, renderers: Any, format_suffix: Any = None) -> Any:
+        return renderers[0], renderers[0].media_type
+
+
 class FileContentApi(TenantApiView):
+    content_negotiation_class = AnyAccept
+
     def get(self, request: Request, file_id: str) -> FileResponse:
         stored = files.file_get(tenant=self.principal.tenant, file_id=file_id)
         try:

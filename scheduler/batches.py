@@ -395,6 +395,14 @@ def kick(batch_pk: int) -> None:
         process_batch.delay(batch_pk)
 
 
+def _feed_soon(batch_pk: int) -> None:
+    """Tops the batch up from the worker thread that just finished one of its lines (at most
+    every KICK_EVERY_MS): a kicked task would wait while every worker thread is busy running
+    lines, and the window would drain meanwhile."""
+    if redis_client().set(KICK_KEY.format(pk=batch_pk), 1, nx=True, px=KICK_EVERY_MS):
+        batch_process(batch_pk=batch_pk)
+
+
 def batches_tick() -> int:
     """Processes every batch that still has work; returns how many were looked at."""
     pks = list(Batch.objects.filter(status__in=ACTIVE_BATCH_STATUSES).values_list("pk", flat=True))
@@ -477,7 +485,8 @@ def _audit_queued(batch: Batch, queue: FairQueue, now: datetime) -> tuple[int, l
 
 
 def _feed(batch: Batch, queue: FairQueue, now: datetime) -> list[str]:
-    """Re-feeds lost lines and tops the batch up to its window; returns the pools to kick."""
+    """Re-feeds lost lines and tops the batch up to its window; returns a pool per line fed
+    (each dispatch keeps one worker thread busy, as one online request does)."""
     live, lost = _audit_queued(batch, queue, now)
     for line in lost:
         log.info(
@@ -502,7 +511,7 @@ def _feed(batch: Batch, queue: FairQueue, now: datetime) -> list[str]:
     for model in sorted({line.model for line in pending}):
         if not feeder.feed_model(model, [line for line in pending if line.model == model]):
             break
-    return sorted(feeder.pools)
+    return feeder.dispatches
 
 
 @dataclass
@@ -512,7 +521,7 @@ class _Feeder:
     batch: Batch
     queue: FairQueue
     now: datetime
-    pools: set[str] = field(default_factory=set)
+    dispatches: list[str] = field(default_factory=list)
 
     def feed_model(self, model: str, lines: list[BatchLine]) -> bool:
         """False when feeding must stop for this tick (limits, budget)."""
@@ -592,7 +601,7 @@ class _Feeder:
                 return False
             _finish_unrun(line, 400, exc.reason, exc.message, "max_tokens")
             return True
-        self.pools.add(route.pool)
+        self.dispatches.append(route.pool)
         return True
 
     def _enqueue(self, job_fields: dict[str, Any], route: Route) -> None:
@@ -762,7 +771,7 @@ def batch_line_finished(
             finished_at=timezone.now(),
             response={"status_code": status_code, "request_id": job_id, "body": body},
         )
-        kick(int(request["batch_pk"]))
+        _feed_soon(int(request["batch_pk"]))
     except Exception:
         log.exception(
             "batch line %s of job %s: result not written", request.get("custom_id"), job_id

@@ -264,12 +264,14 @@ def test_lines_that_redis_lost_are_fed_again_and_finish_once(files_dir, queue, o
     created = start_batch(client, chat_jsonl(8))
     process(created["id"])
     run_picked_jobs(queue, limit=2)
+    lines = BatchLine.objects.filter(batch__public_id=created["id"])
+    in_redis_only = set(lines.filter(state=LineState.QUEUED).values_list("custom_id", flat=True))
+    assert in_redis_only
     queue.redis.flushdb()  # the queue, the engines' and tenants' policies: all gone
 
     process(created["id"])
     assert waiting_jobs(queue) == 5
-    refed = BatchLine.objects.filter(batch__public_id=created["id"], runs=2)
-    assert refed.count() == 3  # the three that were in Redis only
+    assert set(lines.filter(runs=2).values_list("custom_id", flat=True)) == in_redis_only
 
     done = run_to_the_end(client, created["id"], queue)
     assert done["request_counts"] == {"total": 8, "completed": 8, "failed": 0}

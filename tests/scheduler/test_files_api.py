@@ -102,3 +102,11 @@ def test_the_list_pages_newest_first_with_an_after_cursor(files_dir, owner_key):
     assert [f["id"] for f in rest["data"]] == [ids[0]]
     assert rest["has_more"] is False
     assert client.get("/v1/files", {"after": "file-nope"}).status_code == 400
+
+
+def test_content_is_served_whatever_the_client_accepts(files_dir, owner_key):
+    client = bearer_client(owner_key)
+    file_id = upload(client).json()["id"]
+    response = client.get(f"/v1/files/{file_id}/content", HTTP_ACCEPT="application/binary")
+    assert response.status_code == 200
+    assert response.getvalue() == JSONL
