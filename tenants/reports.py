@@ -179,14 +179,13 @@ class UsageReport:
                 "completion": self.completion_tokens,
                 "total": self.prompt_tokens + self.completion_tokens,
             },
+            # Unrounded: one small request holds a few thousandths of a unit for milliseconds.
             "reservation": {
-                "reserved_unit_hours": round(self.reserved_unit_hours, 6),
-                "quota_unit_hours": round(self.quota_unit_hours, 6),
-                "quota_utilisation": (
-                    round(self.quota_utilisation, 6) if self.quota_utilisation is not None else None
-                ),
-                "peak_reserved_units": round(self.peak_reserved_units, 6),
-                "seconds_over_quota": round(self.seconds_over_quota, 3),
+                "reserved_unit_hours": self.reserved_unit_hours,
+                "quota_unit_hours": self.quota_unit_hours,
+                "quota_utilisation": self.quota_utilisation,
+                "peak_reserved_units": self.peak_reserved_units,
+                "seconds_over_quota": self.seconds_over_quota,
             },
             "queue_wait_ms": self.queue_wait_ms,
             "latency_ms": self.latency_ms,
