@@ -150,3 +150,41 @@ class Platform:
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
+
+
+# --- Restarting one process (batch durability tests) ---------------------------------------
+
+
+def kill_process(platform: Platform, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
+    """Kills one of the platform's processes with its children (SIGKILL: no clean-up)."""
+    process = platform.processes[name]
+    if process.poll() is None:
+        os.killpg(process.pid, sig)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # a warm shutdown that takes too long
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+
+
+def start_process(platform: Platform, name: str, env: dict[str, str] | None = None) -> None:
+    """Starts a killed process again with the same command line, and `env` on top of the
+    platform's; its output is appended to the same log."""
+    args = platform.processes[name].args
+    log = open(platform.workdir / f"{name}.log", "ab")  # noqa: SIM115 - lives with the process
+    platform.processes[name] = subprocess.Popen(
+        args, cwd=REPO, env={**platform.env, **(env or {})}, stdout=log,
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    if name == "web":
+        platform.wait_http("/healthz", timeout=60)
+
+
+def restart_process(
+    platform: Platform,
+    name: str,
+    env: dict[str, str] | None = None,
+    sig: signal.Signals = signal.SIGTERM,
+) -> None:
+    kill_process(platform, name, sig)
+    start_process(platform, name, env)
