@@ -23,6 +23,7 @@ skips (a Redis lock).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -556,6 +557,41 @@ def rejection_counts(client: redis.Redis | None = None) -> dict[tuple[str, str, 
         tenant, reason, status = name.split(SEP)
         counts[(tenant, reason, status)] = int(value)
     return counts
+
+
+def timeouts_record(queue: FairQueue, job_ids: Iterable[str], *, now: float | None = None) -> int:
+    """Jobs the fair queue expired (they waited past their class's queue timeout, see
+    `FairQueue.expire_waiting`) written to the ledger as `timeout` rows, 503 `queue_timeout`,
+    with the wait they had. Idempotent: the row's request id is the job id. Returns how many
+    were written. Housekeeping, which expires them, is the caller."""
+    moment = now if now is not None else time.time()
+    records = []
+    for job_id in job_ids:
+        job = queue.get_job(job_id)
+        if job is None or not job.payload:
+            continue
+        request = json.loads(job.payload)
+        received = float(request.get("received_at") or job.enqueued_at)
+        waited_ms = int(max(0.0, moment - received) * 1000)
+        records.append(
+            UsageRecord(
+                request_id=job_id,
+                tenant_id=request["tenant_id"],
+                api_key_id=request.get("api_key_id"),
+                model=request.get("model", ""),
+                request_class=job.request_class,
+                batch_id=request.get("batch_id", ""),
+                endpoint=request.get("endpoint", ""),
+                outcome=Outcome.TIMEOUT,
+                status_code=503,
+                error_code="queue_timeout",
+                queue_wait_ms=waited_ms,
+                latency_ms=waited_ms,
+                finished_at=datetime.fromtimestamp(moment, tz=UTC),
+            )
+        )
+    UsageRecord.objects.bulk_create(records, ignore_conflicts=True)
+    return len(records)
 
 
 # --- history: downsampling and retention --------------------------------------------------

@@ -4,6 +4,7 @@ ledger folded into counters, and history downsampled as it ages."""
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -436,3 +437,30 @@ def test_engine_history_is_downsampled_per_engine(live):
     assert rows["a"].samples == 2
     assert rows["b"].load == pytest.approx(0.9)
     assert rows["b"].kv_cache_usage is None
+
+
+def test_jobs_the_queue_expired_become_timeout_rows_once(live, owner_key: IssuedKey, stub_engine):
+    register(make_engine(stub_engine.port))
+    queue = fair_queue()
+    queue.set_tenant_policy("acme", TenantPolicy(weight=1.0, quota_bytes=100 * UNIT_BYTES))
+    payload = {
+        "tenant_id": owner_key.api_key.tenant_id, "api_key_id": owner_key.api_key.pk,
+        "model": "m", "endpoint": "chat", "received_at": 1000.0,
+    }  # fmt: skip
+    job = queue.enqueue(tenant="acme", pool="m", request_class="interactive", prompt_tokens=1,
+                        max_tokens=1, kv_bytes=UNIT_BYTES, payload=json.dumps(payload),
+                        now=1000.0)  # fmt: skip
+    expired = queue.expire_waiting(now=1000.0 + 3600)
+    assert expired == [job.job_id]
+    assert telemetry.timeouts_record(queue, expired, now=1031.5) == 1
+    assert telemetry.timeouts_record(queue, expired, now=1040.0) == 1  # written again: no-op
+    row = UsageRecord.objects.get()
+    assert (row.request_id, row.outcome, row.status_code, row.error_code) == (
+        job.job_id, "timeout", 503, "queue_timeout",
+    )  # fmt: skip
+    assert (row.request_class, row.model, row.api_key_id) == (
+        "interactive",
+        "m",
+        payload["api_key_id"],
+    )
+    assert row.queue_wait_ms == 31_500
