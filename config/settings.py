@@ -40,8 +40,10 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    # Serves the admin and API-docs assets from the web process: no separate static server.
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Serves the admin, console and API-docs assets from the web process. It must be async
+    # capable (WhiteNoise is not): one sync middleware makes Django run every async view in a
+    # thread of its own, so a streaming request would hold a thread for its whole life.
+    "servestatic.middleware.ServeStaticMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -71,11 +73,19 @@ WSGI_APPLICATION = "config.wsgi.application"
 ASGI_APPLICATION = "config.asgi.application"
 
 DATABASES = {
-    "default": dj_database_url.parse(
-        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
-        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 60),
-    )
+    "default": dj_database_url.parse(env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"))
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # A connection pool per process, not persistent connections: under ASGI each request's
+    # sync work runs in a thread of its own, and persistent connections would pile up one
+    # per thread until PostgreSQL refuses more.
+    DATABASES["default"]["OPTIONS"] = {
+        "pool": {
+            "min_size": env_int("DATABASE_POOL_MIN", 2),
+            "max_size": env_int("DATABASE_POOL_MAX", 20),
+            "timeout": env_float("DATABASE_POOL_TIMEOUT_S", 10.0),
+        }
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -162,6 +172,9 @@ SPECTACULAR_SETTINGS = {
 GPUSHARE_API_KEY_PREFIX = "gs-"
 # A key's last_used_at is written at most this often, to keep the request path read-only.
 GPUSHARE_KEY_TOUCH_INTERVAL_S = env_int("GPUSHARE_KEY_TOUCH_INTERVAL_S", 60)
+# How long a web process trusts a key (and its tenant's policy) it has looked up: the request
+# path then skips the database. A revocation made elsewhere takes effect within this time.
+GPUSHARE_AUTH_CACHE_S = env_float("GPUSHARE_AUTH_CACHE_S", 5.0)
 
 # --- Memory units -------------------------------------------------------------------------
 GPUSHARE_UNIT_BYTES = 256 * 1024 * 1024
@@ -220,6 +233,8 @@ GPUSHARE_SCHED_KEY_PREFIX = env_str("GPUSHARE_SCHED_KEY_PREFIX", "gs:fq:")
 GPUSHARE_MAX_BODY_BYTES = env_int("GPUSHARE_MAX_BODY_BYTES", 4 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = GPUSHARE_MAX_BODY_BYTES
 GPUSHARE_HOUSEKEEPING_INTERVAL_S = env_float("GPUSHARE_HOUSEKEEPING_INTERVAL_S", 2.0)
+# Finished requests reach the usage ledger in bulk, this often.
+GPUSHARE_USAGE_FLUSH_INTERVAL_S = env_float("GPUSHARE_USAGE_FLUSH_INTERVAL_S", 1.0)
 # Task modules of the workers app (besides workers.tasks, which autodiscovery finds).
 CELERY_IMPORTS: list[str] = []
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
@@ -228,6 +243,11 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
         "schedule": GPUSHARE_HOUSEKEEPING_INTERVAL_S,
         # A tick nobody ran in time is worthless: the next one does the same work.
         "options": {"expires": 5 * GPUSHARE_HOUSEKEEPING_INTERVAL_S},
+    },
+    "flush-usage": {
+        "task": "workers.flush_usage",
+        "schedule": GPUSHARE_USAGE_FLUSH_INTERVAL_S,
+        "options": {"expires": 5 * GPUSHARE_USAGE_FLUSH_INTERVAL_S},
     },
 }
 

@@ -9,10 +9,12 @@ the queue or streams); the database work before enqueueing runs in Django's sync
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -23,6 +25,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from config.errors import DomainError, Forbidden, NotFound
+from config.ttlcache import TtlCache
 from scheduler.fairqueue.domain import Job, JobRejected, JobState
 from scheduler.inference import (
     InferenceRequest,
@@ -70,6 +73,14 @@ class OverQuota(DomainError):
 class RequestTooLarge(DomainError):
     http_status = 413
     code = "request_too_large"
+
+
+# Where a tenant's requests for a model go, for a moment: an engine that stops being ready
+# is still refused picks by the queue itself at once; only routing lags.
+_routes: TtlCache[Route | None] = TtlCache(ttl_s=2.0)
+# Tenants whose policy this process wrote to the queue lately (a policy change reaches the
+# queue within this time; a queue that lost it is re-taught on the spot, see _enqueue).
+_synced_tenants: TtlCache[None] = TtlCache(ttl_s=5.0)
 
 
 @dataclass(frozen=True)
@@ -126,12 +137,37 @@ def _prepare(authorization: str, request: InferenceRequest, class_header: str) -
             param="model",
             code="model_not_allowed",
         )
-    route = route_for(tenant=tenant, served_model_name=request.model)
+    route = _routes.get_or_compute(
+        (tenant.pk, request.model),
+        lambda: route_for(tenant=tenant, served_model_name=request.model),
+    )
     if route is None:
         if not Engine.objects.filter(served_model_name=request.model).exists():
             raise ModelNotFound(f"The model '{request.model}' does not exist.", param="model")
         raise Unavailable(f"No engine of '{request.model}' is ready; retry shortly.")
     return _Prepared(api_key, request, request_class, route)
+
+
+# Keyed by the loop itself (weakly): a client is bound to the loop it was made on.
+_loop_clients: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, aioredis.Redis]
+] = weakref.WeakKeyDictionary()
+
+
+def _loop_state() -> tuple[httpx.AsyncClient, aioredis.Redis]:
+    """An HTTP client and a Redis client for the running event loop, made once: a new HTTP
+    client costs tens of ms of CPU (TLS context), a new Redis client a new connection."""
+    loop = asyncio.get_running_loop()
+    state = _loop_clients.get(loop)
+    if state is None:
+        http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=64))
+        events = aioredis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+        state = _loop_clients[loop] = (http, events)
+    return state
+
+
+def _loop_http() -> httpx.AsyncClient:
+    return _loop_state()[0]
 
 
 async def count_prompt_tokens(request: InferenceRequest, engine: Engine) -> int:
@@ -141,8 +177,9 @@ async def count_prompt_tokens(request: InferenceRequest, engine: Engine) -> int:
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         return len(prompt)
     try:
-        async with httpx.AsyncClient(base_url=engine.base_url, timeout=5.0) as client:
-            response = await client.post("/tokenize", json=tokenize_request_body(request))
+        response = await _loop_http().post(
+            f"{engine.base_url}/tokenize", json=tokenize_request_body(request), timeout=5.0
+        )
         if response.status_code == 200:
             return int(response.json()["count"])
         log.info("tokenize answered %s; using the byte bound", response.status_code)
@@ -175,7 +212,7 @@ def _enqueue(prepared: _Prepared, prompt_tokens: int, received_at: float) -> Adm
     body.pop("max_completion_tokens", None)
     admission = limits_admit(tenant=api_key.tenant, estimated_tokens=prompt_tokens + max_tokens)
     queue = fair_queue()
-    sync_tenant(api_key.tenant, queue)
+    _synced_tenants.get_or_compute(api_key.tenant_id, lambda: sync_tenant(api_key.tenant, queue))
     job_id = uuid.uuid4().hex
     payload = {
         "endpoint": request.endpoint,
@@ -208,10 +245,12 @@ def _enqueue(prepared: _Prepared, prompt_tokens: int, received_at: float) -> Adm
         try:
             job = queue.enqueue(**job_fields)
         except JobRejected as exc:
-            if exc.reason != "no_engine":
+            if exc.reason not in ("no_engine", "unknown_tenant"):
                 raise
-            # The engine became ready since the last sync: tell the queue, and try once more.
+            # The queue has not heard of the engine or the tenant yet (it became ready since
+            # the last sync; Redis restarted): tell it, and try once more.
             sync_engine(engine, queue)
+            sync_tenant(api_key.tenant, queue)
             job = queue.enqueue(**job_fields)
     except JobRejected as exc:
         raise _rejection(exc) from None
@@ -253,30 +292,27 @@ async def follow(admitted: Admitted) -> AsyncIterator[dict[str, Any]]:
     generate_s = float(settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S)
     attempt: int | None = None
     last_event = time.time()
-    client = aioredis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
-    try:
-        while True:
-            answer = await client.blpop([key], timeout=1)
-            now = time.time()
-            if answer is None:
-                _check_still_coming(admitted, attempt, now - last_event, generate_s)
-                continue
-            last_event = now
-            event: dict[str, Any] = json.loads(answer[1])
-            kind = event.get("event")
-            if kind == "picked":
-                attempt = event.get("attempt")
-                yield event
-                continue
-            if kind in ("chunk", "done", "error") and event.get("attempt") != attempt:
-                continue  # a stale run's words
-            if kind == "requeued":
-                attempt = None
+    client = _loop_state()[1]  # BLPOP holds one of its pooled connections while it waits
+    while True:
+        answer = await client.blpop([key], timeout=1)
+        now = time.time()
+        if answer is None:
+            _check_still_coming(admitted, attempt, now - last_event, generate_s)
+            continue
+        last_event = now
+        event: dict[str, Any] = json.loads(answer[1])
+        kind = event.get("event")
+        if kind == "picked":
+            attempt = event.get("attempt")
             yield event
-            if kind in FINAL_EVENTS:
-                return
-    finally:
-        await client.aclose()
+            continue
+        if kind in ("chunk", "done", "error") and event.get("attempt") != attempt:
+            continue  # a stale run's words
+        if kind == "requeued":
+            attempt = None
+        yield event
+        if kind in FINAL_EVENTS:
+            return
 
 
 def _check_still_coming(

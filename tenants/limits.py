@@ -17,8 +17,11 @@ import math
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 
+from django.conf import settings
 from django.db.models import Sum
+from redis.commands.core import Script
 
 from config.errors import DomainError
 from config.redis import redis_client
@@ -53,6 +56,25 @@ end
 if budget > 0 then redis.call('INCRBY', budget_key, tokens) end
 return {'ok', 0}
 """
+
+
+_REFUND = """
+for _, k in ipairs(KEYS) do
+  if redis.call('EXISTS', k) == 1 then
+    if redis.call('DECRBY', k, ARGV[1]) < 0 then redis.call('SET', k, 0, 'KEEPTTL') end
+  end
+end
+"""
+
+
+@cache
+def _registered(url: str, source: str) -> Script:
+    return redis_client().register_script(source)
+
+
+def _script(source: str) -> Script:
+    """The script registered once per Redis (called by SHA; reloaded if Redis forgot it)."""
+    return _registered(settings.REDIS_URL, source)
 
 
 class RateLimited(DomainError):
@@ -103,13 +125,15 @@ def _seed_budget(tenant: Tenant, key: str, now: datetime) -> None:
 def limits_admit(*, tenant: Tenant, estimated_tokens: int, now: float | None = None) -> Admission:
     """Counts the request against the tenant's limits, or raises RateLimited/BudgetExhausted."""
     moment = time.time() if now is None else now
+    if not (tenant.rpm_limit or tenant.tpm_limit or tenant.token_budget):
+        return Admission(tenant.pk, estimated_tokens, math.floor(moment / WINDOW_S), None)
     wall = datetime.fromtimestamp(moment, tz=UTC)
     budget_key = _budget_key(tenant, wall) if tenant.token_budget else None
     if budget_key:
         _seed_budget(tenant, budget_key, wall)
-    verdict, retry_after = redis_client().eval(
-        _ADMIT, 0, PREFIX, tenant.pk, repr(moment), tenant.rpm_limit or 0,
-        tenant.tpm_limit or 0, estimated_tokens, tenant.token_budget or 0, budget_key or "",
+    verdict, retry_after = _script(_ADMIT)(
+        args=[PREFIX, tenant.pk, repr(moment), tenant.rpm_limit or 0, tenant.tpm_limit or 0,
+              estimated_tokens, tenant.token_budget or 0, budget_key or ""],
     )  # fmt: skip
     if verdict == "rpm":
         raise _rate_limited(f"Rate limit reached: {tenant.rpm_limit} requests per minute.",
@@ -136,14 +160,6 @@ def limits_settle(*, admission: Admission, used_tokens: int) -> None:
     refund = admission.estimated_tokens - used_tokens
     if refund <= 0:
         return
-    client = redis_client()
     token_key = f"{PREFIX}{admission.tenant_id}:tok:{admission.minute}"
     keys = [token_key] + ([admission.budget_key] if admission.budget_key else [])
-    client.eval(
-        "for _, k in ipairs(KEYS) do if redis.call('EXISTS', k) == 1 then "
-        "local v = redis.call('DECRBY', k, ARGV[1]) "
-        "if v < 0 then redis.call('SET', k, 0, 'KEEPTTL') end end end",
-        len(keys),
-        *keys,
-        refund,
-    )
+    _script(_REFUND)(keys=keys, args=[refund])

@@ -13,6 +13,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from config.errors import InvalidApiKey
+from config.ttlcache import TtlCache
 from scheduler.request_classes import REQUEST_CLASSES, RequestClass
 from tenants.keys import hash_key, new_key_material
 from tenants.models import ApiKey, Tenant, UsageRecord
@@ -85,6 +86,7 @@ def tenant_update(*, tenant: Tenant, **changes: Any) -> Tenant:
         setattr(tenant, field, value)
     tenant.full_clean()
     tenant.save()
+    _live_keys.clear()  # cached keys carry their tenant's policy
     return tenant
 
 
@@ -114,6 +116,7 @@ def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
     if api_key.revoked_at is None:
         api_key.revoked_at = timezone.now()
         api_key.save(update_fields=["revoked_at"])
+    _live_keys.clear()
     return api_key
 
 
@@ -123,10 +126,24 @@ def api_key_authenticate(*, raw_key: str) -> ApiKey:
     One message for unknown, revoked and inactive alike: a caller learns nothing about
     which keys exist.
     """
-    api_key = ApiKey.objects.select_related("tenant").filter(hashed_key=hash_key(raw_key)).first()
-    if api_key is None or api_key.is_revoked or not api_key.tenant.is_active:
+    hashed = hash_key(raw_key)
+    api_key = _live_keys.get_or_compute(hashed, lambda: _live_key(hashed))
+    if api_key is None:
         raise InvalidApiKey("Incorrect API key provided, or the key has been revoked.")
     _touch(api_key)
+    return api_key
+
+
+# Live keys seen in the last few seconds, so the request path does not ask the database each
+# time. A revocation or deactivation made in another process takes effect within this TTL;
+# in this process at once (the writes below clear it).
+_live_keys: TtlCache[ApiKey | None] = TtlCache(settings.GPUSHARE_AUTH_CACHE_S)
+
+
+def _live_key(hashed: str) -> ApiKey | None:
+    api_key = ApiKey.objects.select_related("tenant").filter(hashed_key=hashed).first()
+    if api_key is None or api_key.is_revoked or not api_key.tenant.is_active:
+        return None
     return api_key
 
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
+from config.ttlcache import TtlCache
 from scheduler.batches import batch_line_finished
+from scheduler.engines.client import EngineClient
 from scheduler.engines.supervisor import engine_client
 from scheduler.fairqueue.domain import Job
 from scheduler.fairqueue.queue import FairQueue
@@ -20,9 +23,27 @@ from scheduler.models import Engine
 from scheduler.pools import engines_to_pick_for, fair_queue
 from scheduler.units import UNIT_BYTES
 from tenants.limits import Admission, limits_settle
+from tenants.usage_buffer import usage_push
 from workers.runner import RunResult, reserved_unit_seconds, run_job
 
 log = logging.getLogger(__name__)
+
+
+# Engines by name, for their address: a moved or removed engine is seen within the TTL (and a
+# job picked for an engine that is gone is given back to its queue).
+_engines: TtlCache[Engine | None] = TtlCache(ttl_s=5.0)
+_clients: dict[str, EngineClient] = {}
+_clients_lock = threading.Lock()
+
+
+def _client_for(engine: Engine) -> EngineClient:
+    """One HTTP client per engine and process, shared by the worker threads (httpx clients
+    are thread-safe): a new client costs tens of ms of CPU (TLS context) and a new connection."""
+    with _clients_lock:
+        client = _clients.get(engine.base_url)
+        if client is None:
+            client = _clients[engine.base_url] = engine_client(engine)
+        return client
 
 
 def pick_next(queue: FairQueue, pool: str) -> Job | None:
@@ -47,20 +68,19 @@ def dispatch_pool(pool: str, *, max_jobs: int = 10_000) -> int:
 
 
 def run_picked(queue: FairQueue, job: Job) -> RunResult:
-    engine = Engine.objects.filter(name=job.engine_id).first()
+    engine = _engines.get_or_compute(
+        job.engine_id, lambda: Engine.objects.filter(name=job.engine_id).first()
+    )
     if engine is None:  # removed while the job waited: give it back for another engine
         queue.requeue(job.job_id, attempt=job.attempt, reason="engine_removed")
         return RunResult(outcome="requeued")
-    with engine_client(engine) as client:
-        result = run_job(queue, job, client)
+    result = run_job(queue, job, _client_for(engine))
     if result.outcome != "requeued":
         settle_and_record(job, result)
     return result
 
 
 def settle_and_record(job: Job, result: RunResult) -> None:
-    from workers.tasks import record_usage  # the task module imports this one
-
     request = json.loads(job.payload)
     used = result.prompt_tokens + result.completion_tokens
     admission = request.get("admission")
@@ -69,7 +89,7 @@ def settle_and_record(job: Job, result: RunResult) -> None:
             limits_settle(admission=Admission(**admission), used_tokens=used)
         except Exception:  # a missed refund only errs on the strict side
             log.warning("could not settle limits of job %s", job.job_id, exc_info=True)
-    record_usage.delay(usage_fields(job, request, result))
+    usage_push(usage_fields(job, request, result))
     if request.get("batch_id"):  # nobody waits on a batch line: its result goes to its batch
         batch_line_finished(
             job_id=job.job_id, request=request, response_body=result.response_body,

@@ -11,6 +11,7 @@ from django.utils.dateparse import parse_datetime
 from config.redis import redis_client
 from scheduler.pools import fair_queue, sync_all_engines
 from tenants.services import usage_record_write
+from tenants.usage_buffer import usage_flush
 from workers.dispatch import dispatch_pool
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,15 @@ def dispatch(pool: str) -> int:
              max_retries=10)  # fmt: skip
 def record_usage(fields: dict[str, Any]) -> None:
     """Write one finished request to the ledger (idempotent on its request id)."""
-    finished_at = parse_datetime(fields.pop("finished_at"))
-    usage_record_write(finished_at=finished_at, **fields)
+    # Not popped from `fields`: a retry re-sends the task's arguments as they are now.
+    values = {k: v for k, v in fields.items() if k != "finished_at"}
+    usage_record_write(finished_at=parse_datetime(fields["finished_at"]), **values)
+
+
+@shared_task(name="workers.flush_usage")
+def flush_usage() -> int:
+    """Move finished requests from Redis to the usage ledger, in bulk."""
+    return usage_flush()
 
 
 @shared_task(name="workers.housekeeping")

@@ -1,0 +1,49 @@
+from datetime import UTC, datetime
+
+import pytest
+
+from tenants.models import UsageRecord
+from tenants.usage_buffer import FLUSH_LOCK_KEY, PENDING_KEY, usage_flush, usage_push
+
+pytestmark = pytest.mark.django_db
+
+
+def fields(tenant, request_id: str, **extra) -> dict:
+    return {
+        "request_id": request_id, "tenant_id": tenant.pk, "model": "m",
+        "request_class": "standard", "outcome": "success", "prompt_tokens": 3,
+        "completion_tokens": 5, "finished_at": datetime(2026, 11, 30, tzinfo=UTC).isoformat(),
+        **extra,
+    }  # fmt: skip
+
+
+def test_pushed_rows_reach_the_ledger_in_one_flush(owner, redis_db):
+    for i in range(7):
+        usage_push(fields(owner, f"r{i}"))
+    assert usage_flush() == 7
+    assert UsageRecord.objects.filter(tenant=owner).count() == 7
+    assert redis_db.llen(PENDING_KEY) == 0
+
+
+def test_a_row_flushed_twice_is_kept_once(owner, redis_db):
+    usage_push(fields(owner, "same"))
+    usage_flush()
+    usage_push(fields(owner, "same", completion_tokens=99))  # e.g. a job that ran twice
+    usage_flush()
+    record = UsageRecord.objects.get(request_id="same")
+    assert record.completion_tokens == 5
+
+
+def test_only_one_flusher_at_a_time(owner, redis_db):
+    usage_push(fields(owner, "r1"))
+    redis_db.set(FLUSH_LOCK_KEY, "1")
+    assert usage_flush() == 0
+    assert redis_db.llen(PENDING_KEY) == 1
+
+
+def test_a_malformed_row_does_not_block_the_others(owner, redis_db):
+    redis_db.rpush(PENDING_KEY, "{not json")
+    usage_push(fields(owner, "good"))
+    assert usage_flush() == 1
+    assert UsageRecord.objects.filter(request_id="good").exists()
+    assert redis_db.llen(PENDING_KEY) == 0
