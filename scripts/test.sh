@@ -13,5 +13,7 @@ say "mypy"
 "$VENV/bin/mypy" . || die "mypy found problems"
 # End-to-end tests run a real vLLM CPU engine on the tiny demo model.
 export GPUSHARE_VLLM_PYTHON="${GPUSHARE_VLLM_PYTHON:-$("$REPO_ROOT/scripts/engine_setup.sh" | tail -1)}"
+# Browser tests drive the console in Debian's headless Chromium.
+"$REPO_ROOT/scripts/ensure_chromium.sh"
 say "pytest (database: ${DATABASE_URL:-SQLite})"
 "$VENV/bin/pytest" "$@"

@@ -16,7 +16,7 @@ from config.errors import InvalidApiKey
 from config.ttlcache import TtlCache
 from scheduler.request_classes import REQUEST_CLASSES, RequestClass
 from tenants.keys import hash_key, new_key_material
-from tenants.models import ApiKey, Tenant, UsageRecord
+from tenants.models import ApiKey, Tenant
 
 # Fields an operator may change with tenant_update; slug is the tenant's identity.
 TENANT_UPDATABLE_FIELDS = frozenset(
@@ -157,12 +157,3 @@ def _touch(api_key: ApiKey) -> None:
         Q(last_used_at__isnull=True) | Q(last_used_at__lte=stale)
     ).update(last_used_at=now)
     api_key.last_used_at = now
-
-
-def usage_record_write(*, request_id: str, tenant_id: int, **fields: Any) -> UsageRecord:
-    """Writes a finished request to the ledger once: a second write of the same request id
-    (a retried task, a job that ran twice) keeps the first row."""
-    record, _ = UsageRecord.objects.get_or_create(
-        request_id=request_id, defaults={"tenant_id": tenant_id, **fields}
-    )
-    return record

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from celery import shared_task
-from django.utils.dateparse import parse_datetime
 
 from config.redis import redis_client
 from scheduler.pools import fair_queue, sync_all_engines
-from tenants.services import usage_record_write
 from tenants.usage_buffer import usage_flush
 from workers.dispatch import dispatch_pool
 
@@ -28,15 +25,6 @@ def ping(token: str) -> None:
 def dispatch(pool: str) -> int:
     """Run the pool's admissible jobs, fairest first, until none is admissible."""
     return dispatch_pool(pool)
-
-
-@shared_task(name="workers.record_usage", autoretry_for=(Exception,), retry_backoff=True,
-             max_retries=10)  # fmt: skip
-def record_usage(fields: dict[str, Any]) -> None:
-    """Write one finished request to the ledger (idempotent on its request id)."""
-    # Not popped from `fields`: a retry re-sends the task's arguments as they are now.
-    values = {k: v for k, v in fields.items() if k != "finished_at"}
-    usage_record_write(finished_at=parse_datetime(fields["finished_at"]), **values)
 
 
 @shared_task(name="workers.flush_usage")
