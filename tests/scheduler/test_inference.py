@@ -1,0 +1,101 @@
+"""Parsing and validation of OpenAI-compatible inference requests (pure: no services)."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from scheduler.inference import (
+    InvalidRequest,
+    parse_inference_request,
+    prompt_token_bound,
+    tokenize_request_body,
+)
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_a_chat_request_keeps_the_engines_fields_and_drops_the_platforms():
+    request = parse_inference_request(
+        "chat", {**CHAT, "temperature": 0.2, "seed": 7, "request_class": "interactive"}
+    )
+    assert request.body == {**CHAT, "temperature": 0.2, "seed": 7}
+    assert request.request_class == "interactive"
+    assert request.max_tokens is None
+    assert request.path == "/v1/chat/completions"
+
+
+def test_max_completion_tokens_and_max_tokens_take_the_smaller():
+    request = parse_inference_request(
+        "chat", {**CHAT, "max_tokens": 50, "max_completion_tokens": 20}
+    )
+    assert request.max_tokens == 20
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ([], None),
+        ({"messages": CHAT["messages"]}, "model"),
+        ({"model": "m", "messages": []}, "messages"),
+        ({"model": "m", "messages": ["hi"]}, "messages.[0]"),
+        ({"model": "m", "messages": [{"role": "robot", "content": "x"}]}, "messages.[0].role"),
+        ({"model": "m", "messages": [{"role": "user", "content": 3}]}, "messages.[0].content"),
+        ({**CHAT, "max_tokens": 0}, "max_tokens"),
+        ({**CHAT, "max_tokens": -5}, "max_tokens"),
+        ({**CHAT, "max_tokens": "10"}, "max_tokens"),
+        ({**CHAT, "max_tokens": True}, "max_tokens"),
+        ({**CHAT, "temperature": 3}, "temperature"),
+        ({**CHAT, "temperature": float("nan")}, "temperature"),
+        ({**CHAT, "top_p": "high"}, "top_p"),
+        ({**CHAT, "n": 2}, "n"),
+        ({**CHAT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({**CHAT, "seed": 1.5}, "seed"),
+        ({**CHAT, "stream": "yes"}, "stream"),
+        ({**CHAT, "stream_options": {"include_usage": True}}, "stream_options"),
+        ({**CHAT, "stream": True, "stream_options": {"include_usage": 1}},
+         "stream_options.include_usage"),
+        ({**CHAT, "request_class": "urgent"}, "request_class"),
+    ],
+)  # fmt: skip
+def test_bad_chat_fields_are_refused_naming_the_field(body, param):
+    with pytest.raises(InvalidRequest) as caught:
+        parse_inference_request("chat", body)
+    assert caught.value.param == param
+
+
+@pytest.mark.parametrize("prompt", ["text", ["text"], [1, 2, 3]])
+def test_completions_take_one_prompt(prompt):
+    assert parse_inference_request("completions", {"model": "m", "prompt": prompt}).body["prompt"]
+
+
+@pytest.mark.parametrize("prompt", [None, 5, [], ["a", "b"], [1, "a"], [-1]])
+def test_completions_refuse_other_prompts(prompt):
+    with pytest.raises(InvalidRequest) as caught:
+        parse_inference_request("completions", {"model": "m", "prompt": prompt})
+    assert caught.value.param == "prompt"
+
+
+def test_stream_options_are_read_when_streaming():
+    request = parse_inference_request(
+        "chat", {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    assert (request.stream, request.include_usage) == (True, True)
+
+
+@given(st.text(max_size=200))
+def test_the_byte_bound_is_never_below_the_text_length(text):
+    request = parse_inference_request("completions", {"model": "m", "prompt": text})
+    # Byte-level BPE: every token covers at least one byte, so bytes bound the tokens.
+    assert prompt_token_bound(request) >= len(text.encode("utf-8"))
+
+
+def test_the_chat_bound_counts_every_message_and_the_template():
+    two = {"model": "m", "messages": [{"role": "user", "content": "ab"}] * 2}
+    assert prompt_token_bound(parse_inference_request("chat", two)) == 2 * (8 + 2) + 8
+
+
+def test_tokenize_asks_for_the_generation_prompt_of_a_chat():
+    body = tokenize_request_body(parse_inference_request("chat", CHAT))
+    assert body == {"model": "m", "messages": CHAT["messages"], "add_generation_prompt": True}
+    single = parse_inference_request("completions", {"model": "m", "prompt": ["only"]})
+    assert tokenize_request_body(single) == {"model": "m", "prompt": "only"}
