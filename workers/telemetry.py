@@ -15,10 +15,10 @@ Every few seconds (Celery beat, `workers.telemetry_sample`):
 Live values are Redis hashes that expire when nobody refreshes them; history rows go to
 `workers.models` and `telemetry_rollup` downsamples them as they age.
 
-One beat drives one sampler, and it samples the GPUs of the node whose worker runs it;
-several GPU nodes each need the task routed to a queue of their own (see the report of
-issue 7). Overlapping ticks are harmless: a tick that finds the previous one still running
-skips (a Redis lock).
+One beat drives one sampler, and it samples the GPUs (and checks the engines) of the node
+whose worker runs it; with several GPU nodes each needs the task routed to a queue of its
+own, which is not done yet. Engines' /metrics are read over HTTP from any node. A tick that
+finds the previous one still running skips it (a Redis lock).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import pynvml
 import redis
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Max
 from redis.typing import EncodableT, FieldT
 
 from config.redis import redis_client
@@ -57,6 +58,7 @@ PREFIX = "gs:telemetry:"
 LOCK_KEY = PREFIX + "sample-lock"
 LEDGER_CURSOR_KEY = PREFIX + "ledger:cursor"
 LEDGER_COUNTERS_KEY = PREFIX + "ledger:counters"
+LEDGER_HORIZON_KEY = PREFIX + "ledger:horizon"
 REJECTIONS_KEY = PREFIX + "rejections"
 PENDING_REJECTIONS_KEY = PREFIX + "rejections:pending"
 DRAINING_REJECTIONS_KEY = PREFIX + "rejections:draining"
@@ -434,13 +436,18 @@ def _fold_increments(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
 def ledger_fold(client: redis.Redis | None = None, *, page: int = FOLD_PAGE) -> int:
     """Adds ledger rows newer than the cursor to the counters; returns how many.
 
-    Callers hold the sampler's lock, so two folds never count a row twice: the counters
-    and the cursor move together in one transaction.
+    Ids are handed out when a row is inserted but seen when its transaction commits, so a
+    bulk write still in flight can hold ids below one already visible. A fold therefore
+    reads only up to the newest id the *previous* fold saw (a tick ago): a row is counted
+    one tick late rather than skipped. Callers hold the sampler's lock, so two folds never
+    count a row twice: the counters and the cursor move together in one transaction.
     """
     client = client or redis_client()
     cursor = int(client.get(LEDGER_CURSOR_KEY) or 0)
+    horizon = int(client.get(LEDGER_HORIZON_KEY) or 0)
+    newest = UsageRecord.objects.aggregate(newest=Max("pk"))["newest"] or 0
     rows = list(
-        UsageRecord.objects.filter(pk__gt=cursor)
+        UsageRecord.objects.filter(pk__gt=cursor, pk__lte=horizon)
         .order_by("pk")
         .values(
             "pk",
@@ -454,12 +461,13 @@ def ledger_fold(client: redis.Redis | None = None, *, page: int = FOLD_PAGE) -> 
             "latency_ms",
         )[:page]
     )
-    if not rows:
-        return 0
     pipe = client.pipeline(transaction=True)
     for name, amount in _fold_increments(rows).items():
         pipe.hincrbyfloat(LEDGER_COUNTERS_KEY, name, amount)
-    pipe.set(LEDGER_CURSOR_KEY, rows[-1]["pk"])
+    if rows:
+        pipe.set(LEDGER_CURSOR_KEY, rows[-1]["pk"])
+    if len(rows) < page:  # caught up to the horizon: the next fold may go as far as now
+        pipe.set(LEDGER_HORIZON_KEY, newest)
     pipe.execute()
     return len(rows)
 
