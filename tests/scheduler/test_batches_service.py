@@ -464,3 +464,22 @@ def test_a_bad_batch_request_is_a_400_naming_the_field(files_dir, queue, owner_k
     response = client.post("/v1/batches", body, format="json")
     assert response.status_code == 400
     assert response.json()["error"]["param"] == param
+
+
+def test_operators_see_each_batch_with_its_progress_in_the_admin(
+    files_dir, queue, owner_key, staff_user, client, settings
+):
+    settings.GPUSHARE_BATCH_WINDOW = 2
+    created = start_batch(bearer_client(owner_key), chat_jsonl(4))
+    process(created["id"])
+    run_picked_jobs(queue, limit=1)
+    client.force_login(staff_user)
+    staff_user.is_superuser = True
+    staff_user.save()
+    page = client.get("/admin/scheduler/batch/")
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert created["id"] in text
+    assert "25%" in text
+    assert "1/0/4" in text
+    assert client.get("/admin/scheduler/storedfile/").status_code == 200
