@@ -295,3 +295,110 @@ class BatchLine(models.Model):
 
     def __str__(self) -> str:
         return f"{self.batch_id}:{self.custom_id}"
+
+
+# --- Pools and scaling (issue 10) -------------------------------------------------------
+
+
+class Pool(models.Model):
+    """The shared engines of one served model, and how many of them should run.
+
+    `hot_size` engines always run; up to `cold_max` more (the cold pool) are started when the
+    pool's online queue stays over target, or ahead of a scheduled peak, and drained then
+    stopped after a quiet period. Every engine of the pool is created from, and started
+    with, the launch profile below, so a cold engine is the same as a hot one."""
+
+    served_model_name = models.CharField(max_length=200, unique=True)
+    enabled = models.BooleanField(default=True, help_text="Off: the scaler leaves it alone.")
+    hot_size = models.PositiveIntegerField(default=1, help_text="Engines always running.")
+    cold_max = models.PositiveIntegerField(
+        default=0, help_text="Most engines started on top of the hot ones."
+    )
+    # Scale-up: the online queue (interactive + standard) over either target, sustained.
+    target_wait_s = models.FloatField(
+        default=5.0, help_text="Oldest online job's wait above which the pool is short."
+    )
+    target_depth = models.PositiveIntegerField(
+        default=16, help_text="Waiting online jobs at or above which the pool is short."
+    )
+    sustain_s = models.PositiveIntegerField(
+        default=60, help_text="How long the queue must stay over target before a start."
+    )
+    quiet_period_s = models.PositiveIntegerField(
+        default=600, help_text="How long the pool must be quiet before a cold engine drains."
+    )
+    peak_lead_s = models.PositiveIntegerField(
+        default=1200, help_text="How long before a scheduled peak its engines are started."
+    )
+    peaks = models.JSONField(
+        default=list,
+        blank=True,
+        help_text=(
+            'Expected peaks: [{"name": "lunch", "days": [0, 1, 2, 3, 4], "start": "11:30", '
+            '"end": "13:30", "extra": 2}]; days 0 = Monday, times in `timezone`.'
+        ),
+    )
+    timezone = models.CharField(max_length=64, default="UTC")
+    # The launch profile of every engine of the pool.
+    model_path = models.CharField(max_length=500)
+    footprint_units = models.PositiveIntegerField()
+    max_model_len = models.PositiveIntegerField(default=2048)
+    max_num_seqs = models.PositiveIntegerField(default=32)
+    offline_load_threshold = models.FloatField(default=0.4)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ("served_model_name",)
+        constraints = (
+            models.CheckConstraint(condition=Q(footprint_units__gte=1), name="pool_footprint_1"),
+            models.CheckConstraint(
+                condition=Q(offline_load_threshold__gte=0) & Q(offline_load_threshold__lte=1),
+                name="pool_offline_threshold_0_1",
+            ),
+        )
+
+    def __str__(self) -> str:
+        return self.served_model_name
+
+    @property
+    def max_engines(self) -> int:
+        return self.hot_size + self.cold_max
+
+
+class ScalingAction(models.TextChoices):
+    START = "start", "start"
+    DRAIN = "drain", "drain"
+    HOLD = "hold", "hold"
+
+
+class DecisionOutcome(models.TextChoices):
+    PENDING = "pending", "pending"  # sent to the engines' node, not done yet
+    DONE = "done", "done"
+    FAILED = "failed", "failed"
+    NONE = "none", "none"  # a hold: nothing to carry out
+
+
+class ScalingDecision(models.Model):
+    """One decision of the scaler about a pool, with its reason and how carrying it out
+    went. Starts and drains are all kept; a hold only when its reason changes."""
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="decisions")
+    at = models.DateTimeField()
+    action = models.CharField(max_length=5, choices=ScalingAction.choices)
+    code = models.CharField(max_length=40, help_text="The rule that decided, e.g. sustained.")
+    reason = models.TextField()
+    engines = models.JSONField(default=list, blank=True, help_text="Engines started or drained.")
+    outcome = models.CharField(
+        max_length=7, choices=DecisionOutcome.choices, default=DecisionOutcome.NONE
+    )
+    remaining = models.PositiveIntegerField(default=0, help_text="Engines not yet carried out.")
+    outcome_detail = models.TextField(blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-at", "-pk")
+        indexes = (models.Index(fields=("pool", "-at"), name="scalingdecision_pool_at"),)
+
+    def __str__(self) -> str:
+        return f"{self.pool_id} {self.action} {self.at:%Y-%m-%d %H:%M:%S}"
