@@ -297,3 +297,18 @@ CELERY_BEAT_SCHEDULE["telemetry-rollup"] = {
     "schedule": GPUSHARE_TELEMETRY_ROLLUP_INTERVAL_S,
     "options": {"expires": GPUSHARE_TELEMETRY_ROLLUP_INTERVAL_S},
 }
+
+# --- Pools and scaling (issue 10) ---
+# How often the scaler samples each pool's online queue and decides (scheduler.scaling).
+GPUSHARE_SCALER_INTERVAL_S = env_float("GPUSHARE_SCALER_INTERVAL_S", 10.0)
+# A start or drain no worker on the engine's node carried out within this long fails (and
+# its task expires), so a dead node does not hold its pool forever: above the start timeout.
+GPUSHARE_SCALER_PENDING_TIMEOUT_S = env_float(
+    "GPUSHARE_SCALER_PENDING_TIMEOUT_S", GPUSHARE_ENGINE_START_TIMEOUT_S + 300.0
+)
+CELERY_IMPORTS.append("workers.scaling_tasks")
+CELERY_BEAT_SCHEDULE["scaler"] = {
+    "task": "workers.scaler_tick",
+    "schedule": GPUSHARE_SCALER_INTERVAL_S,
+    "options": {"expires": 3 * GPUSHARE_SCALER_INTERVAL_S},
+}

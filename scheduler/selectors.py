@@ -14,7 +14,15 @@ from django.db.models import Q, QuerySet, Sum
 
 from config.errors import NotFound
 from scheduler.kvcost import kv_bytes_per_token
-from scheduler.models import LIVE_STATUSES, Device, DeviceKind, Engine, EngineStatus
+from scheduler.models import (
+    LIVE_STATUSES,
+    Device,
+    DeviceKind,
+    Engine,
+    EngineStatus,
+    Pool,
+    ScalingDecision,
+)
 from scheduler.placement import DeviceRoom
 from tenants.models import Tenant
 
@@ -118,3 +126,37 @@ def tenant_dedicated_units(*, tenant: Tenant, exclude_engine: Engine | None = No
     if exclude_engine is not None:
         engines = engines.exclude(pk=exclude_engine.pk)
     return engines.aggregate(total=Sum("footprint_units"))["total"] or 0
+
+
+# --- Pools and scaling (issue 10) -------------------------------------------------------
+
+
+def pool_list(*, enabled_only: bool = False) -> QuerySet[Pool]:
+    pools = Pool.objects.all()
+    return pools.filter(enabled=True) if enabled_only else pools
+
+
+def pool_get(*, served_model_name: str) -> Pool:
+    try:
+        return Pool.objects.get(served_model_name=served_model_name)
+    except Pool.DoesNotExist:
+        raise NotFound(
+            f"No pool for '{served_model_name}'; create one with `manage.py pool create`."
+        ) from None
+
+
+def pool_engines(*, pool: Pool) -> QuerySet[Engine]:
+    """The pool's engines: the shared engines of its model (a tenant's dedicated engines are
+    that tenant's, not the pool's, and the scaler leaves them alone)."""
+    return engine_list(served_model_name=pool.served_model_name).filter(
+        dedicated_tenant__isnull=True
+    )
+
+
+def scaling_decisions(*, pool: Pool | None = None, limit: int = 50) -> list[ScalingDecision]:
+    """The scaler's latest decisions, newest first (of one pool, or of all): what it did
+    and why, and how carrying it out went. For the console and `manage.py pool show`."""
+    decisions = ScalingDecision.objects.select_related("pool")
+    if pool is not None:
+        decisions = decisions.filter(pool=pool)
+    return list(decisions.order_by("-at", "-pk")[:limit])

@@ -6,14 +6,26 @@ database writes it and the management commands share.
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.db import transaction
 from django.utils import timezone
+from django.utils.text import slugify
 
 from config.errors import DomainError
 from scheduler.gpu_inventory import GpuInfo
-from scheduler.models import Device, DeviceKind, Engine, EngineStatus
+from scheduler.models import (
+    DecisionOutcome,
+    Device,
+    DeviceKind,
+    Engine,
+    EngineStatus,
+    Pool,
+    ScalingDecision,
+)
 from scheduler.placement import (
     DedicatedQuotaError,
     EngineDemand,
@@ -22,6 +34,7 @@ from scheduler.placement import (
     check_fits_device,
     choose_device,
 )
+from scheduler.scaling import Decision, PeakError, parse_peaks
 from scheduler.selectors import device_list, device_room, tenant_dedicated_units
 from scheduler.units import UNIT_BYTES, device_capacity_units, gib_to_bytes
 from tenants.models import Tenant
@@ -223,4 +236,183 @@ def engine_check_room_to_start(*, engine: Engine) -> None:
         raise NoRoom(str(exc)) from None
     _check_dedicated(
         tenant=engine.dedicated_tenant, footprint_units=engine.footprint_units, engine=engine
+    )
+
+
+# --- Pools and scaling (issue 10) -------------------------------------------------------
+
+POOL_PROFILE_FIELDS = (
+    "model_path",
+    "footprint_units",
+    "max_model_len",
+    "max_num_seqs",
+    "offline_load_threshold",
+)
+POOL_POLICY_FIELDS = (
+    "enabled",
+    "hot_size",
+    "cold_max",
+    "target_wait_s",
+    "target_depth",
+    "sustain_s",
+    "quiet_period_s",
+    "peak_lead_s",
+    "peaks",
+    "timezone",
+)
+
+
+class PoolConflict(DomainError):
+    http_status = 409
+    code = "pool_conflict"
+
+
+def _check_pool(pool: Pool) -> None:
+    if pool.hot_size + pool.cold_max < 1:
+        raise DomainError("A pool needs at least one engine (hot size + cold maximum >= 1).")
+    if not 0 <= pool.offline_load_threshold <= 1:
+        raise DomainError("offline_load_threshold must be within 0..1.")
+    if pool.target_wait_s <= 0 or pool.target_depth < 1:
+        raise DomainError("The scale-up targets must be positive.")
+    try:
+        parse_peaks(pool.peaks)
+    except PeakError as exc:
+        raise DomainError(str(exc), param="peaks") from None
+    try:
+        ZoneInfo(pool.timezone)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise DomainError(f"Unknown time zone '{pool.timezone}'.", param="timezone") from None
+
+
+@transaction.atomic
+def pool_create(*, served_model_name: str, model_path: str, footprint_units: int,
+                **options: Any) -> Pool:  # fmt: skip
+    """A pool for a served model. `options`: the policy fields (hot size, cold maximum,
+    targets, periods, peaks, time zone) and the rest of the launch profile."""
+    if Pool.objects.filter(served_model_name=served_model_name).exists():
+        raise PoolConflict(f"A pool for '{served_model_name}' exists already.")
+    unknown = set(options) - set(POOL_POLICY_FIELDS) - set(POOL_PROFILE_FIELDS)
+    if unknown:
+        raise DomainError(f"Unknown pool fields: {', '.join(sorted(unknown))}.")
+    pool = Pool(
+        served_model_name=served_model_name,
+        model_path=model_path,
+        footprint_units=footprint_units,
+        **options,
+    )
+    _check_pool(pool)
+    pool.save()
+    return pool
+
+
+@transaction.atomic
+def pool_update(*, pool: Pool, **fields: Any) -> Pool:
+    """Change a pool's policy or launch profile; engines take a new profile at their next
+    start (`pool_apply_profile`)."""
+    unknown = set(fields) - set(POOL_POLICY_FIELDS) - set(POOL_PROFILE_FIELDS)
+    if unknown:
+        raise DomainError(f"Unknown pool fields: {', '.join(sorted(unknown))}.")
+    for name, value in fields.items():
+        setattr(pool, name, value)
+    _check_pool(pool)
+    pool.save()
+    return pool
+
+
+def pool_add_engines(
+    *, pool: Pool, count: int, first_port: int, host: str = "127.0.0.1",
+    device: Device | None = None,
+) -> list[Engine]:  # fmt: skip
+    """Register `count` engines of the pool from its launch profile, on ports from
+    `first_port` on, placed by units (or on `device`). They stay stopped: the scaler starts
+    them when the pool needs them."""
+    if count < 1:
+        raise DomainError("Add at least one engine.")
+    base = slugify(pool.served_model_name)[:50] or "engine"
+    taken = set(Engine.objects.filter(name__startswith=base).values_list("name", flat=True))
+    engines: list[Engine] = []
+    number, port = 1, first_port
+    while len(engines) < count:
+        name = f"{base}-{number}"
+        number += 1
+        if name in taken:
+            continue
+        while Engine.objects.filter(host=host, port=port).exists():
+            port += 1
+        engines.append(
+            engine_create(
+                name=name, model_path=pool.model_path, served_model_name=pool.served_model_name,
+                footprint_units=pool.footprint_units, port=port, device=device, host=host,
+                max_model_len=pool.max_model_len, max_num_seqs=pool.max_num_seqs,
+                offline_load_threshold=pool.offline_load_threshold,
+            )
+        )  # fmt: skip
+        port += 1
+    return engines
+
+
+def pool_apply_profile(*, pool: Pool, engine: Engine) -> Engine:
+    """Before a start: the engine takes the pool's launch profile, so a cold engine starts
+    exactly like a hot one. Only a stopped or failed engine changes (a live one keeps what
+    it was started with)."""
+    if engine.is_live:
+        return engine
+    changed = [f for f in POOL_PROFILE_FIELDS if getattr(engine, f) != getattr(pool, f)]
+    for name in changed:
+        setattr(engine, name, getattr(pool, name))
+    if changed:
+        _check_footprint(device=engine.device, footprint_units=engine.footprint_units)
+        engine.save(update_fields=[*changed, "updated_at"])
+    return engine
+
+
+@transaction.atomic
+def scaling_decision_record(*, pool: Pool, decision: Decision, at: datetime) -> ScalingDecision:
+    """Log a decision with its reason; a start or drain is pending until its node's worker
+    has carried it out for every engine it names."""
+    acts = decision.changes_something
+    return ScalingDecision.objects.create(
+        pool=pool,
+        at=at,
+        action=decision.action,
+        code=decision.code,
+        reason=decision.reason,
+        engines=list(decision.engines),
+        outcome=DecisionOutcome.PENDING if acts else DecisionOutcome.NONE,
+        remaining=len(decision.engines) if acts else 0,
+    )
+
+
+@transaction.atomic
+def scaling_decision_engine_done(
+    *, decision_id: int, engine: str, ok: bool, detail: str = ""
+) -> ScalingDecision | None:
+    """One engine of a pending decision was carried out (or failed): the decision is done
+    when all were, failed as soon as one failed; a decision already settled (e.g. expired)
+    stays as it is."""
+    decision = ScalingDecision.objects.select_for_update().filter(pk=decision_id).first()
+    if decision is None or decision.outcome != DecisionOutcome.PENDING:
+        return decision
+    line = f"{engine}: {'ok' if ok else 'failed'}{': ' + detail if detail else ''}"
+    decision.outcome_detail = "\n".join(filter(None, [decision.outcome_detail, line]))
+    decision.remaining = max(0, decision.remaining - 1)
+    if not ok:
+        decision.outcome = DecisionOutcome.FAILED
+    elif decision.remaining == 0:
+        decision.outcome = DecisionOutcome.DONE
+    if decision.outcome != DecisionOutcome.PENDING:
+        decision.finished_at = timezone.now()
+    decision.save()
+    return decision
+
+
+def scaling_decisions_expire(*, older_than: datetime) -> int:
+    """Pending decisions no node carried out in time (its worker is down) fail, so the pool
+    is not held forever; their tasks expire at the same time."""
+    return ScalingDecision.objects.filter(
+        outcome=DecisionOutcome.PENDING, at__lt=older_than
+    ).update(
+        outcome=DecisionOutcome.FAILED,
+        outcome_detail="not carried out in time: is a worker running on the engine's node?",
+        finished_at=timezone.now(),
     )

@@ -11,12 +11,14 @@ gone becomes `failed`, with the end of its log, so it is never silently used.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis
 from django.conf import settings
 from django.db import transaction
 
@@ -27,9 +29,11 @@ from scheduler.engines.launch import EngineLaunch, build_launch
 from scheduler.engines.vllm_env import VllmEnvMissing, find_vllm_python
 from scheduler.gpu_inventory import node_name
 from scheduler.models import LIVE_STATUSES, Engine, EngineStatus
+from scheduler.pools import fair_queue, sync_engine
 from scheduler.selectors import engine_get
 from scheduler.services import engine_check_room_to_start, engine_set_status
 
+log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 POLL_INTERVAL_S = 1.0
 # How often a long start says it is still alive.
@@ -315,6 +319,7 @@ def engine_stop(
         return engine
     if engine.status == EngineStatus.READY:
         engine_set_status(engine=engine, status=EngineStatus.DRAINING, detail="draining")
+        _leave_fair_queue(engine)
         on_progress(f"{engine.name}: draining (up to {timeouts.drain_s:.0f} s)")
         _drain(engine, timeouts=timeouts, on_progress=on_progress)
     graceful = True
@@ -327,12 +332,30 @@ def engine_stop(
     return engine
 
 
+def _leave_fair_queue(engine: Engine) -> None:
+    """No new picks for a draining engine from now on, not from the next periodic sync."""
+    try:
+        sync_engine(engine)
+    except redis.RedisError as exc:  # the periodic sync removes it once Redis answers
+        log.warning("could not take %s out of the fair queue: %s", engine.name, exc)
+
+
+def _picked_for(engine: Engine) -> int:
+    """Jobs the fair queue handed to the engine that have not ended: a job picked just
+    before the drain may not have reached the engine yet."""
+    try:
+        queue = fair_queue()
+        return int(queue.redis.hget(queue.keys.engine_usage(engine.name), "inflight") or 0)
+    except redis.RedisError:
+        return 0
+
+
 def _drain(engine: Engine, *, timeouts: Timeouts, on_progress: Progress) -> None:
     deadline = time.monotonic() + timeouts.drain_s
     with engine_client(engine, timeouts) as client:
         while time.monotonic() < deadline:
             try:
-                in_flight = client.metrics().in_flight
+                in_flight = max(client.metrics().in_flight, _picked_for(engine))
             except EngineError:
                 return  # it cannot be asked, so it cannot be finishing anything for us
             if in_flight == 0:
