@@ -2,11 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from django.contrib.admin.views.decorators import staff_member_required
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
 from django.urls import path
 
 from scheduler import views as scheduler_views
@@ -14,28 +9,9 @@ from tenants import views as tenant_views
 
 app_name = "console"
 
-
-def _coming(section: str, title: str, arrives_with: str) -> Callable[[HttpRequest], HttpResponse]:
-    """A page whose data other issues provide: says so instead of showing nothing."""
-
-    @staff_member_required
-    def view(request: HttpRequest) -> HttpResponse:
-        context = {"section": section, "title": title, "arrives_with": arrives_with}
-        return render(request, "console/placeholder.html", context)
-
-    return view
-
-
 urlpatterns = [
-    path(
-        "",
-        _coming(
-            "overview",
-            "Overview",
-            "issue 8, second part (GPU unit grids, engines and queues, after issues 3 and 4)",
-        ),
-        name="overview",
-    ),
+    path("", scheduler_views.overview, name="overview"),
+    path("live/overview/", scheduler_views.overview_live, name="overview-live"),
     path("tenants/", tenant_views.tenant_list, name="tenants"),
     path("tenants/new/", tenant_views.tenant_create, name="tenant-create"),
     path("units/", tenant_views.units_preview, name="units-preview"),
@@ -47,21 +23,23 @@ urlpatterns = [
         tenant_views.api_key_revoke,
         name="key-revoke",
     ),
+    path("engines/", scheduler_views.engine_list_page, name="engines"),
+    path("engines/<slug:name>/", scheduler_views.engine_detail, name="engine"),
     path(
-        "engines/",
-        _coming("engines", "Engines", "issue 8, second part (engines from issue 3)"),
-        name="engines",
+        "engines/<slug:name>/<str:action>/",
+        scheduler_views.engine_action,
+        name="engine-action",
     ),
+    path("queues/", scheduler_views.queues, name="queues"),
+    path("live/queues/", scheduler_views.queues_live, name="queues-live"),
+    path("batches/", scheduler_views.batch_list_page, name="batches"),
+    path("batches/<str:batch_id>/", scheduler_views.batch_detail, name="batch"),
+    path("batches/<str:batch_id>/cancel/", scheduler_views.batch_cancel, name="batch-cancel"),
     path(
-        "queues/",
-        _coming("queues", "Queues", "issue 8, second part (the fair queue from issue 4)"),
-        name="queues",
+        "batches/<str:batch_id>/files/<str:file_id>/",
+        scheduler_views.batch_file,
+        name="batch-file",
     ),
-    path("batches/", _coming("batches", "Batches", "issue 6 (batch jobs)"), name="batches"),
-    path(
-        "reports/",
-        _coming("reports", "Reports", "issue 7 (usage ledger and quota reports)"),
-        name="reports",
-    ),
+    path("reports/", tenant_views.reports_view, name="reports"),
     path("planner/", scheduler_views.planner, name="planner"),
 ]

@@ -312,3 +312,6 @@ CELERY_BEAT_SCHEDULE["scaler"] = {
     "schedule": GPUSHARE_SCALER_INTERVAL_S,
     "options": {"expires": 3 * GPUSHARE_SCALER_INTERVAL_S},
 }
+
+# --- Console (issue 8) ------------------------------------------------------------------
+CELERY_IMPORTS.append("workers.engine_tasks")

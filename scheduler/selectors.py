@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from django.db.models import Q, QuerySet, Sum
 
 from config.errors import NotFound
+from scheduler.fairqueue.queue import FairQueue
 from scheduler.kvcost import kv_bytes_per_token
 from scheduler.models import (
     LIVE_STATUSES,
@@ -160,3 +161,27 @@ def scaling_decisions(*, pool: Pool | None = None, limit: int = 50) -> list[Scal
     if pool is not None:
         decisions = decisions.filter(pool=pool)
     return list(decisions.order_by("-at", "-pk")[:limit])
+
+
+@dataclass(frozen=True)
+class EngineGate:
+    """The offline gate of one engine as the fair queue sees it now: offline work is picked
+    for it only while `load` < `threshold`. `load` is None when the engine has no policy in
+    the queue (it is not ready, or housekeeping has not synced it yet)."""
+
+    load: float | None
+    threshold: float
+
+    @property
+    def is_open(self) -> bool | None:
+        return None if self.load is None else self.load < self.threshold
+
+
+def engine_gate(*, queue: FairQueue, engine: Engine) -> EngineGate:
+    """Console read: the load the samplers last wrote to the fair queue for this engine."""
+    policy = queue.redis.hmget(queue.keys.engine(engine.name), ["load", "offline_load_threshold"])
+    load, threshold = policy
+    return EngineGate(
+        load=float(load) if load is not None else None,
+        threshold=float(threshold) if threshold is not None else engine.offline_load_threshold,
+    )

@@ -1,0 +1,64 @@
+"""Celery tasks the console starts engines and stops them with (issue 8).
+
+Starting an engine takes a minute or more and stopping one waits for its drain, longer than
+a web request should; the console queues one of these and shows progress by polling the
+engine's status and detail (the supervisor writes them), its log and the lines the
+supervisor reported here, which live in Redis for an hour.
+"""
+
+from __future__ import annotations
+
+import time
+
+from celery import shared_task
+
+from config.errors import DomainError
+from config.redis import redis_client
+from scheduler.engines.supervisor import engine_start, engine_stop
+
+PROGRESS_KEY = "gs:console:engine-progress:{name}"
+PROGRESS_LINES = 40
+PROGRESS_TTL_S = 3600
+
+
+def progress_note(name: str, line: str) -> None:
+    key = PROGRESS_KEY.format(name=name)
+    stamp = time.strftime("%H:%M:%S", time.gmtime())
+    pipe = redis_client().pipeline()
+    pipe.rpush(key, f"{stamp} {line}")
+    pipe.ltrim(key, -PROGRESS_LINES, -1)
+    pipe.expire(key, PROGRESS_TTL_S)
+    pipe.execute()
+
+
+def progress_lines(name: str) -> list[str]:
+    """What the last start or stop of the engine reported, oldest first."""
+    return [str(line) for line in redis_client().lrange(PROGRESS_KEY.format(name=name), 0, -1)]
+
+
+def progress_begin(name: str, line: str) -> None:
+    """A new action: its lines replace the previous action's."""
+    redis_client().delete(PROGRESS_KEY.format(name=name))
+    progress_note(name, line)
+
+
+@shared_task(name="workers.engine_start")
+def start_engine(name: str) -> str:
+    """Start the engine and wait until it is ready (or failed, with why in its detail)."""
+    try:
+        engine = engine_start(name=name, on_progress=lambda line: progress_note(name, line))
+    except DomainError as exc:
+        progress_note(name, f"start failed: {exc}")
+        return "failed"
+    return str(engine.status)
+
+
+@shared_task(name="workers.engine_stop")
+def stop_engine(name: str) -> str:
+    """Drain the engine (a ready one) and stop its process."""
+    try:
+        engine = engine_stop(name=name, on_progress=lambda line: progress_note(name, line))
+    except DomainError as exc:
+        progress_note(name, f"stop failed: {exc}")
+        return "failed"
+    return str(engine.status)
