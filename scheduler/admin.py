@@ -131,3 +131,46 @@ class BatchAdmin(admin.ModelAdmin[Batch]):
     def lines(self, batch: Batch) -> str:
         counts = batch_object(batch)["request_counts"]
         return f"{counts['completed']}/{counts['failed']}/{counts['total']}"
+
+
+# --- Pools and scaling (issue 10) -------------------------------------------------------
+
+from scheduler.models import Pool, ScalingDecision  # noqa: E402
+
+
+@admin.register(Pool)
+class PoolAdmin(admin.ModelAdmin[Pool]):
+    list_display = (
+        "served_model_name",
+        "enabled",
+        "hot_size",
+        "cold_max",
+        "target_wait_s",
+        "target_depth",
+        "sustain_s",
+        "quiet_period_s",
+    )
+    list_filter = ("enabled",)
+
+
+@admin.register(ScalingDecision)
+class ScalingDecisionAdmin(admin.ModelAdmin[ScalingDecision]):
+    """The scaler's log: read only (the scaler writes it)."""
+
+    list_display = ("at", "pool", "action", "code", "outcome", "reason")
+    list_filter = ("pool", "action", "outcome")
+    readonly_fields = (
+        "pool",
+        "at",
+        "action",
+        "code",
+        "reason",
+        "engines",
+        "outcome",
+        "remaining",
+        "outcome_detail",
+        "finished_at",
+    )
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False

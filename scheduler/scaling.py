@@ -35,8 +35,8 @@ from zoneinfo import ZoneInfo
 
 # A quiet sample's running jobs must fit the engines left after a drain at this fill.
 QUIET_FILL = 0.5
-# Samples are taken every tick; a window counts as covered when its first sample is at most
-# this much later than the window's start (one tick late is still "the whole window").
+# Samples are taken every tick; a window counts as covered when a sample was taken at most
+# this long before it opened (a tick's jitter), so "for 60 s" means at least 60 s.
 COVERAGE_SLACK_S = 15.0
 
 STARTING_STATES = frozenset({"starting", "warming"})
@@ -190,9 +190,11 @@ def _window(
     opens = now - timedelta(seconds=length_s)
     if last is not None and last.at > opens:
         return [s for s in samples if s.at > last.at], False
-    inside = [s for s in samples if opens <= s.at <= now]
-    covered = bool(inside) and (inside[0].at - opens).total_seconds() <= COVERAGE_SLACK_S
-    return inside, covered
+    # The window's first sample is the last one taken at or just before it opened: then
+    # the samples speak for the whole window.
+    before = [s for s in samples if opens - timedelta(seconds=COVERAGE_SLACK_S) <= s.at <= opens]
+    first = before[-1].at if before else opens
+    return [s for s in samples if first <= s.at <= now], bool(before)
 
 
 def _startable(engines: Sequence[EngineView], count: int) -> list[str]:

@@ -314,7 +314,11 @@ def pool_update(*, pool: Pool, **fields: Any) -> Pool:
         raise DomainError(f"Unknown pool fields: {', '.join(sorted(unknown))}.")
     for name, value in fields.items():
         setattr(pool, name, value)
-    _check_pool(pool)
+    try:
+        _check_pool(pool)
+    except DomainError:
+        pool.refresh_from_db()  # the caller's object shows what is stored, not the refused
+        raise
     pool.save()
     return pool
 

@@ -1,0 +1,206 @@
+"""`manage.py pool create|set|add-engines|show|tick`: hot and cold engine pools.
+
+A pool is the shared engines of one served model: `hot_size` always run, up to `cold_max`
+more are started by the scaler (Celery beat, `workers.scaler_tick`) when the online queue
+stays over target or ahead of a scheduled peak, and drained after a quiet period. Engines
+are registered from the pool's launch profile with `add-engines`; the scaler only starts
+and stops registered engines. `show` prints the pool, its engines and the latest decisions
+with their reasons; `tick` runs the scaler once, now.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from config.errors import DomainError
+from scheduler.gpu_inventory import node_name
+from scheduler.models import Pool, ScalingDecision
+from scheduler.selectors import (
+    device_get,
+    pool_engines,
+    pool_get,
+    pool_list,
+    scaling_decisions,
+)
+from scheduler.services import pool_add_engines, pool_create, pool_update
+
+# Option name -> model field, for create and set.
+POLICY_OPTIONS = {
+    "hot": "hot_size",
+    "cold_max": "cold_max",
+    "target_wait": "target_wait_s",
+    "target_depth": "target_depth",
+    "sustain": "sustain_s",
+    "quiet": "quiet_period_s",
+    "peak_lead": "peak_lead_s",
+    "peaks": "peaks",
+    "timezone": "timezone",
+    "max_model_len": "max_model_len",
+    "max_num_seqs": "max_num_seqs",
+    "offline_load_threshold": "offline_load_threshold",
+    "model": "model_path",
+    "units": "footprint_units",
+}
+
+
+def _peaks(text: str) -> list[dict[str, object]]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"--peaks is not JSON: {exc}") from None
+    if not isinstance(value, list):
+        raise CommandError('--peaks is a JSON list, e.g. [{"start": "11:30", "end": "13:30"}]')
+    return value
+
+
+def decision_dict(decision: ScalingDecision) -> dict[str, Any]:
+    return {
+        "pool": decision.pool.served_model_name,
+        "at": decision.at.isoformat(),
+        "action": decision.action,
+        "code": decision.code,
+        "reason": decision.reason,
+        "engines": decision.engines,
+        "outcome": decision.outcome,
+        "outcome_detail": decision.outcome_detail,
+    }
+
+
+class Command(BaseCommand):
+    help = "Create and inspect hot/cold engine pools and the scaler's decisions."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        create = sub.add_parser("create", help="a pool for a served model")
+        create.add_argument("name", help="served model name")
+        setter = sub.add_parser("set", help="change a pool's policy or launch profile")
+        setter.add_argument("name")
+        for command in (create, setter):
+            command.add_argument("--model", help="model folder (default: the demo model)")
+            command.add_argument("--units", type=int, help="engine footprint, 256 MiB units")
+            command.add_argument("--hot", type=int, help="engines always running")
+            command.add_argument("--cold-max", type=int, help="most engines on top of the hot")
+            command.add_argument("--target-wait", type=float, help="seconds, oldest online wait")
+            command.add_argument("--target-depth", type=int, help="waiting online jobs")
+            command.add_argument("--sustain", type=int, help="seconds over target before a start")
+            command.add_argument("--quiet", type=int, help="seconds quiet before a drain")
+            command.add_argument("--peak-lead", type=int, help="seconds ahead of a peak")
+            command.add_argument("--peaks", type=_peaks, help="JSON list of expected peaks")
+            command.add_argument("--timezone", help="time zone of the peaks' times")
+            command.add_argument("--max-model-len", type=int)
+            command.add_argument("--max-num-seqs", type=int)
+            command.add_argument("--offline-load-threshold", type=float)
+        setter.add_argument("--enable", dest="enabled", action="store_true", default=None)
+        setter.add_argument("--disable", dest="enabled", action="store_false")
+        add = sub.add_parser("add-engines", help="register engines from the launch profile")
+        add.add_argument("name")
+        add.add_argument("--count", type=int, default=1)
+        add.add_argument("--port", type=int, default=8100, help="first port to try")
+        add.add_argument("--host", default="127.0.0.1")
+        add.add_argument("--device", default=None, help="node/gpu0, gpu0 or cpu0")
+        show = sub.add_parser("show", help="pools, engines and the latest decisions")
+        show.add_argument("name", nargs="?")
+        show.add_argument("--decisions", type=int, default=10)
+        show.add_argument("--json", action="store_true")
+        sub.add_parser("tick", help="run the scaler once now")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action = options["action"]
+        try:
+            if action == "create":
+                fields = self._fields(options)
+                fields.setdefault("model_path", str(settings.GPUSHARE_DEMO_MODEL_DIR))
+                fields.setdefault("footprint_units", 4)
+                pool = pool_create(served_model_name=options["name"], **fields)
+                self.stdout.write(f"Created pool '{pool}'.")
+                self._show(pool, 0)
+            elif action == "set":
+                fields = self._fields(options)
+                if options["enabled"] is not None:
+                    fields["enabled"] = options["enabled"]
+                pool = pool_update(pool=pool_get(served_model_name=options["name"]), **fields)
+                self._show(pool, 0)
+            elif action == "add-engines":
+                self._add(options)
+            elif action == "show":
+                self._show_all(options)
+            else:
+                from workers.scaling_tasks import scaler_tick
+
+                self.stdout.write(json.dumps(scaler_tick()))
+        except DomainError as exc:
+            raise CommandError(exc.message) from None
+
+    def _fields(self, options: dict[str, Any]) -> dict[str, Any]:
+        return {
+            field: options[option]
+            for option, field in POLICY_OPTIONS.items()
+            if options.get(option) is not None
+        }
+
+    def _add(self, options: dict[str, Any]) -> None:
+        pool = pool_get(served_model_name=options["name"])
+        device = (
+            device_get(key=options["device"], default_node=node_name(settings.GPUSHARE_NODE_NAME))
+            if options["device"]
+            else None
+        )
+        engines = pool_add_engines(
+            pool=pool, count=options["count"], first_port=options["port"],
+            host=options["host"], device=device,
+        )  # fmt: skip
+        for engine in engines:
+            self.stdout.write(
+                f"Registered engine '{engine.name}' on {engine.device.key} at {engine.base_url}."
+            )
+
+    def _show_all(self, options: dict[str, Any]) -> None:
+        pools = (
+            [pool_get(served_model_name=options["name"])] if options["name"] else list(pool_list())
+        )
+        if options["json"]:
+            data = [
+                {
+                    "pool": p.served_model_name,
+                    "enabled": p.enabled,
+                    "hot_size": p.hot_size,
+                    "cold_max": p.cold_max,
+                    "engines": {e.name: e.status for e in pool_engines(pool=p)},
+                    "decisions": [
+                        decision_dict(d)
+                        for d in scaling_decisions(pool=p, limit=options["decisions"])
+                    ],
+                }
+                for p in pools
+            ]
+            self.stdout.write(json.dumps(data, indent=2))
+            return
+        if not pools:
+            self.stdout.write("No pools: create one with `manage.py pool create MODEL`.")
+        for pool in pools:
+            self._show(pool, options["decisions"])
+
+    def _show(self, pool: Pool, decisions: int) -> None:
+        state = "" if pool.enabled else " (disabled)"
+        self.stdout.write(
+            f"{pool.served_model_name}{state}: hot {pool.hot_size}, cold max {pool.cold_max}\n"
+            f"  scale up  online wait >= {pool.target_wait_s:g} s or depth >= "
+            f"{pool.target_depth} for {pool.sustain_s} s; drain after {pool.quiet_period_s} s "
+            f"quiet\n"
+            f"  peaks     {json.dumps(pool.peaks) if pool.peaks else 'none'} "
+            f"({pool.timezone}, started {pool.peak_lead_s} s ahead)\n"
+            f"  profile   {pool.model_path}, {pool.footprint_units} units, max_model_len "
+            f"{pool.max_model_len}, max_num_seqs {pool.max_num_seqs}"
+        )
+        engines = list(pool_engines(pool=pool))
+        listed = ", ".join(f"{e.name} {e.status}" for e in engines) or "none registered"
+        self.stdout.write(f"  engines   {listed}")
+        for decision in scaling_decisions(pool=pool, limit=decisions):
+            outcome = "" if decision.outcome == "none" else f" [{decision.outcome}]"
+            self.stdout.write(
+                f"  {decision.at:%Y-%m-%d %H:%M:%S} {decision.action}{outcome}: {decision.reason}"
+            )
