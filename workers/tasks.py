@@ -10,6 +10,7 @@ from config.redis import redis_client
 from scheduler.pools import fair_queue, sync_all_engines
 from tenants.usage_buffer import usage_flush
 from workers.dispatch import dispatch_pool
+from workers.telemetry import timeouts_record
 
 log = logging.getLogger(__name__)
 PING_KEY = "gpushare:worker-ping:{token}"
@@ -41,6 +42,7 @@ def housekeeping() -> dict[str, int]:
     ready = sync_all_engines(queue)
     reaped = queue.reap_expired_leases()
     expired = queue.expire_waiting()
+    timeouts_record(queue, expired)  # their waiters are told; the ledger must know too
     kicked = 0
     for pool in sorted({row.pool for row in queue.snapshot().queues if row.waiting}):
         dispatch.delay(pool)
