@@ -57,7 +57,7 @@ from scheduler.selectors import (
 )
 from scheduler.services import NoRoom, engine_check_room_to_start, engine_set_status
 from scheduler.units import GIB, bytes_to_units_exact
-from workers.engine_tasks import progress_begin, progress_lines, start_engine, stop_engine
+from workers.engine_tasks import progress_begin, progress_lines, send_start, send_stop
 from workers.telemetry import engine_live
 
 COLOURS = {"weights": "#5b6b8c", "reserve": "#c98a2b", "kv": "#2f9e6e", "unused": "#c9ced6"}
@@ -440,7 +440,7 @@ def engine_action(request: HttpRequest, name: str, action: str) -> HttpResponseR
             messages.error(request, f"{engine.name} cannot start: {exc}")
             return redirect("console:engine", name=engine.name)
         progress_begin(engine.name, "start requested from the console")
-        start_engine.delay(engine.name)
+        send_start(engine)
         messages.success(request, f"Starting {engine.name}; this page follows its progress.")
     elif action == "drain":
         if engine.status != EngineStatus.READY:
@@ -459,7 +459,7 @@ def engine_action(request: HttpRequest, name: str, action: str) -> HttpResponseR
             messages.error(request, f"{engine.name} is {engine.status}; nothing to stop.")
             return redirect("console:engine", name=engine.name)
         progress_begin(engine.name, "stop requested from the console")
-        stop_engine.delay(engine.name)
+        send_stop(engine)
         messages.success(request, f"Stopping {engine.name} (a ready engine drains first).")
     else:
         raise Http404(f"No engine action '{action}'.")

@@ -4,6 +4,9 @@ Starting an engine takes a minute or more and stopping one waits for its drain, 
 a web request should; the console queues one of these and shows progress by polling the
 engine's status and detail (the supervisor writes them), its log and the lines the
 supervisor reported here, which live in Redis for an hour.
+
+The process is local to the engine's node, so the console sends these to that node's own
+queue (`workers.scaling_tasks.node_queue`), which every worker there consumes.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from celery import shared_task
 from config.errors import DomainError
 from config.redis import redis_client
 from scheduler.engines.supervisor import engine_start, engine_stop
+from scheduler.models import Engine, EngineStatus
+from scheduler.pools import sync_engine
+from workers.scaling_tasks import node_queue
 
 PROGRESS_KEY = "gs:console:engine-progress:{name}"
 PROGRESS_LINES = 40
@@ -50,6 +56,8 @@ def start_engine(name: str) -> str:
     except DomainError as exc:
         progress_note(name, f"start failed: {exc}")
         return "failed"
+    if engine.status == EngineStatus.READY:
+        sync_engine(engine)  # takes picks now, not at the next housekeeping sync
     return str(engine.status)
 
 
@@ -62,3 +70,11 @@ def stop_engine(name: str) -> str:
         progress_note(name, f"stop failed: {exc}")
         return "failed"
     return str(engine.status)
+
+
+def send_start(engine: Engine) -> None:
+    start_engine.apply_async(args=(engine.name,), queue=node_queue(engine.device.node))
+
+
+def send_stop(engine: Engine) -> None:
+    stop_engine.apply_async(args=(engine.name,), queue=node_queue(engine.device.node))

@@ -225,12 +225,13 @@ def test_the_placement_preview_says_why_an_engine_does_not_fit(console: Client, 
 
 
 def test_start_runs_the_supervisor_in_a_task_and_the_page_follows_it(console: Client, fleet: Fleet):
-    with mock.patch("scheduler.views.start_engine.delay") as delay:
+    with mock.patch("workers.engine_tasks.start_engine.apply_async") as send:
         response = console.post("/console/engines/qwen-c/start/")
 
     assert response.status_code == 302
     assert response["Location"] == "/console/engines/qwen-c/"
-    delay.assert_called_once_with("qwen-c")
+    # To the engine's node, where its process will run.
+    send.assert_called_once_with(args=("qwen-c",), queue="gpushare.node.node1")
     assert progress_lines("qwen-c")[-1].endswith("start requested from the console")
     Engine.objects.filter(name="qwen-c").update(
         status=EngineStatus.STARTING, status_detail="process 42 launched"
@@ -267,10 +268,10 @@ def test_start_is_refused_before_any_task_when_the_device_has_no_room(
         port=8200,
         status=EngineStatus.READY,
     )
-    with mock.patch("scheduler.views.start_engine.delay") as delay:
+    with mock.patch("workers.engine_tasks.start_engine.apply_async") as send:
         response = console.post("/console/engines/qwen-c/start/", follow=True)
 
-    delay.assert_not_called()
+    send.assert_not_called()
     assert "qwen-c cannot start" in response.content.decode()
 
 
@@ -285,10 +286,10 @@ def test_drain_takes_a_ready_engine_out_of_the_fair_queue(console: Client, fleet
 
 
 def test_stop_runs_in_a_task(console: Client, fleet: Fleet):
-    with mock.patch("scheduler.views.stop_engine.delay") as delay:
+    with mock.patch("workers.engine_tasks.stop_engine.apply_async") as send:
         console.post("/console/engines/llama-b/stop/")
 
-    delay.assert_called_once_with("llama-b")
+    send.assert_called_once_with(args=("llama-b",), queue="gpushare.node.node1")
 
 
 def test_engine_actions_need_a_post_and_a_known_action(console: Client, fleet: Fleet):
