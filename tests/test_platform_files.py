@@ -1,0 +1,187 @@
+"""platform/: the compose file and Kubernetes manifests parse, run the platform's real entry
+points, set only environment variables the platform reads, and request what a GPU node
+needs. Docker and Kubernetes are not available here: this checks the files, not a build."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from config.celery import app as celery_app
+
+REPO = Path(__file__).resolve().parent.parent
+PLATFORM = REPO / "platform"
+SETTINGS = REPO / "config" / "settings.py"
+K8S = PLATFORM / "k8s"
+
+WEB = ["uvicorn", "config.asgi:application"]
+WORKER = ["celery", "-A", "config", "worker"]
+BEAT = ["celery", "-A", "config", "beat"]
+MIGRATE = ["python", "manage.py", "migrate"]
+# Read by Django itself, not through config.env.
+OTHER_KNOWN_ENV = {"DJANGO_SETTINGS_MODULE"}
+
+
+def settings_env_names() -> set[str]:
+    text = SETTINGS.read_text()
+    return set(re.findall(r'env_(?:str|int|float|bool|list)\(\s*"([A-Z0-9_]+)"', text))
+
+
+def load_all(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def k8s_docs() -> list[dict[str, Any]]:
+    return [doc for path in sorted(K8S.glob("*.yaml")) for doc in load_all(path)]
+
+
+def by_kind_name(kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in k8s_docs() if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+    return found[0]
+
+
+def starts_with(command: list[str], prefix: list[str]) -> bool:
+    return command[: len(prefix)] == prefix
+
+
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((PLATFORM / "compose.yaml").read_text())
+    return data
+
+
+def test_every_yaml_file_in_platform_parses():
+    files = sorted(PLATFORM.rglob("*.yaml")) + sorted(PLATFORM.rglob("*.yml"))
+    assert len(files) >= 8
+    for path in files:
+        assert load_all(path), path
+
+
+def test_the_entry_points_the_files_name_exist():
+    assert find_spec("config.asgi") is not None
+    from config.asgi import application
+
+    assert callable(application)
+    assert celery_app.main == "gpushare"
+    assert (REPO / "manage.py").is_file()
+    assert (PLATFORM / "node-entrypoint.sh").stat().st_mode & 0o111
+
+
+def test_compose_runs_the_whole_stack_with_the_real_commands():
+    services = compose()["services"]
+    assert {"postgres", "redis", "migrate", "web", "beat", "worker-node-1"} <= set(services)
+    assert starts_with(services["web"]["command"], WEB)
+    assert starts_with(services["beat"]["command"], BEAT)
+    assert starts_with(services["migrate"]["command"], MIGRATE)
+    worker = services["worker-node-1"]
+    assert starts_with(worker["command"], WORKER)
+    assert "--pool" in worker["command"]
+    assert worker["command"][worker["command"].index("--pool") + 1] == "threads"
+    assert worker["build"]["target"] == "node"
+    assert worker["environment"]["GPUSHARE_NODE_NAME"] == "node-1"
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"]
+
+
+def test_compose_sets_only_environment_the_platform_reads():
+    known = settings_env_names() | OTHER_KNOWN_ENV
+    services = compose()["services"]
+    for name in ("migrate", "web", "beat", "worker-node-1"):
+        env = set(services[name]["environment"])
+        assert env <= known, (name, env - known)
+        assert {"DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY"} <= env
+
+
+def test_kubernetes_web_is_scraped_on_the_port_it_serves():
+    web = by_kind_name("Deployment", "web")
+    template = web["spec"]["template"]
+    annotations = template["metadata"]["annotations"]
+    container = template["spec"]["containers"][0]
+    assert starts_with(container["command"], WEB)
+    port = container["ports"][0]["containerPort"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(port)
+    assert annotations["prometheus.io/path"] == "/metrics"
+    assert str(port) in container["command"]
+    service = by_kind_name("Service", "web")
+    assert service["spec"]["selector"] == template["metadata"]["labels"]
+
+
+def test_kubernetes_has_exactly_one_beat_never_two_during_a_rollout():
+    beat = by_kind_name("Deployment", "beat")
+    assert beat["spec"]["replicas"] == 1
+    assert beat["spec"]["strategy"]["type"] == "Recreate"
+    assert starts_with(beat["spec"]["template"]["spec"]["containers"][0]["command"], BEAT)
+
+
+def test_kubernetes_runs_a_worker_with_its_engines_on_every_gpu_node():
+    node = by_kind_name("DaemonSet", "gpu-node")
+    spec = node["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    assert starts_with(container["args"], WORKER)
+    assert container["command"] == ["/usr/local/bin/gpushare-node"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
+    env = {e["name"]: e for e in container["env"]}
+    assert env["GPUSHARE_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert spec["hostNetwork"] is True  # engines are reached at the node's address
+    assert "nvidia.com/gpu.present" in spec["nodeSelector"]
+    assert node["spec"]["template"]["metadata"]["labels"] == node["spec"]["selector"]["matchLabels"]
+
+
+def test_kubernetes_config_and_secret_hold_only_settings_the_platform_reads():
+    known = settings_env_names() | OTHER_KNOWN_ENV
+    config = by_kind_name("ConfigMap", "gpushare")
+    assert set(config["data"]) <= known, set(config["data"]) - known
+    secret = load_all(K8S / "secret.example.yaml")[0]
+    assert set(secret["stringData"]) <= known
+    assert {"DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY"} <= set(secret["stringData"])
+    for doc in k8s_docs():
+        for container in (
+            doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+        ):
+            refs = {r.get("secretRef", r.get("configMapRef", {})).get("name") for r in
+                    container.get("envFrom", [])}  # fmt: skip
+            assert refs == {"gpushare"}, (doc["metadata"]["name"], refs)
+
+
+def test_kustomization_lists_every_manifest_but_the_secret_example():
+    listed = set(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"])
+    present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", "secret.example.yaml"}
+    assert listed == present
+
+
+@pytest.mark.parametrize("target", ["platform", "node"])
+def test_the_dockerfile_builds_both_images_with_the_real_commands(target):
+    text = (PLATFORM / "Dockerfile").read_text()
+    assert re.search(rf"^FROM \S+ AS {target}$", text, re.MULTILINE)
+    stages = re.split(r"^FROM ", text, flags=re.MULTILINE)
+    stage = next(s for s in stages if re.match(rf"\S+ AS {target}\n", s))
+    cmd = re.search(r"^CMD (\[.*\])$", stage, re.MULTILINE)
+    assert cmd is not None
+    command = yaml.safe_load(cmd.group(1))
+    assert starts_with(command, WEB if target == "platform" else WORKER)
+    env_names = set(re.findall(r"\b(GPUSHARE_[A-Z0-9_]+)=", stage))
+    assert env_names <= settings_env_names(), env_names - settings_env_names()
+
+
+def test_the_dockerfile_uses_python_3_11_and_the_official_vllm_image():
+    text = (PLATFORM / "Dockerfile").read_text()
+    assert "ARG PYTHON_IMAGE=python:3.11-" in text
+    assert re.search(r"^ARG VLLM_IMAGE=vllm/vllm-openai:", text, re.MULTILINE)
+    assert "uv venv --python 3.11" in text
+    # Everything the images copy exists.
+    for source in re.findall(r"^COPY (\S+) ", text, re.MULTILINE):
+        assert (REPO / source).exists(), source
+
+
+def test_the_node_entrypoint_registers_the_nodes_gpus_then_runs_its_command():
+    script = (PLATFORM / "node-entrypoint.sh").read_text()
+    lines = [shlex.split(line) for line in script.splitlines() if line and line[0] != "#"]
+    assert ["python", "manage.py", "gpus", "discover"] in lines
+    assert lines[-1] == ["exec", "$@"]
