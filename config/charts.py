@@ -183,8 +183,7 @@ class Series:
     dashed: bool = False
 
 
-_PLOT_W, _PLOT_H = 640, 200
-_LEFT, _RIGHT, _TOP, _BOTTOM = 56, 12, 10, 26
+_LEFT, _RIGHT, _TOP, _BOTTOM = 56, 14, 10, 26
 
 
 def nice_ceiling(value: float) -> float:
@@ -196,6 +195,14 @@ def nice_ceiling(value: float) -> float:
         if step * power >= value - 1e-12:
             return float(step * power)
     return float(10 * power)  # pragma: no cover - the loop ends at 10
+
+
+def _axis_label(value: float) -> str:
+    """Short enough for the axis: 950, 1.5k, 1.8M."""
+    for scale, suffix in ((1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{_num(value / scale)}{suffix}"
+    return _num(value)
 
 
 def _time_label(moment: float, span_s: float) -> str:
@@ -210,39 +217,43 @@ def line_chart(
     unit: str = "",
     since: float,
     until: float,
+    plot_width: int = 640,
+    plot_height: int = 200,
 ) -> str:
     """Lines over [since, until] (seconds since the epoch, shown in UTC) on a shared y axis
     from 0 to a round top; a dashed series is a limit (a quota line). An empty chart still
-    draws its axes and says there is no data."""
+    draws its axes and says there is no data. Drawn at its natural size (text stays
+    readable), shrunk to fit a narrower container but never stretched."""
     if until <= since:
         raise ValueError("the chart's end must be after its start")
     values = [y for s in series for _, y in s.points if y is not None]
     top = nice_ceiling(max(values, default=0.0))
-    width, height = _LEFT + _PLOT_W + _RIGHT, _TOP + _PLOT_H + _BOTTOM
+    width, height = _LEFT + plot_width + _RIGHT, _TOP + plot_height + _BOTTOM
+    x_ticks = 5 if plot_width >= 400 else 3
 
     def px(x: float) -> float:
-        return _LEFT + (x - since) / (until - since) * _PLOT_W
+        return _LEFT + (x - since) / (until - since) * plot_width
 
     def py(y: float) -> float:
-        return _TOP + _PLOT_H - min(y, top) / top * _PLOT_H
+        return _TOP + plot_height - min(y, top) / top * plot_height
 
     parts = [
         '<figure class="line-chart">',
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" role="img" '
-        f'aria-label="{escape(title)}" viewBox="0 0 {width} {height}" width="100%">',
+        f'aria-label="{escape(title)}" viewBox="0 0 {width} {height}" width="{width}">',
         f"<title>{escape(title)}</title>",
     ]
     for i in range(5):
         y = top * i / 4
         parts.append(
-            f'<line x1="{_LEFT}" x2="{_LEFT + _PLOT_W}" y1="{_num(py(y))}" y2="{_num(py(y))}" '
+            f'<line x1="{_LEFT}" x2="{_LEFT + plot_width}" y1="{_num(py(y))}" y2="{_num(py(y))}" '
             f'stroke="#dde1e6" stroke-width="1"/>'
             f'<text x="{_LEFT - 6}" y="{_num(py(y) + 4)}" text-anchor="end" font-size="11" '
-            f'fill="#5f6b7a">{escape(_num(y))}{escape(unit)}</text>'
+            f'fill="#5f6b7a">{escape(_axis_label(y))}{escape(unit)}</text>'
         )
-    for i in range(5):
-        x = since + (until - since) * i / 4
-        anchor = "start" if i == 0 else "end" if i == 4 else "middle"
+    for i in range(x_ticks):
+        x = since + (until - since) * i / (x_ticks - 1)
+        anchor = "start" if i == 0 else "end" if i == x_ticks - 1 else "middle"
         parts.append(
             f'<text x="{_num(px(x))}" y="{height - 8}" text-anchor="{anchor}" font-size="11" '
             f'fill="#5f6b7a">{escape(_time_label(x, until - since))}</text>'
@@ -264,7 +275,7 @@ def line_chart(
                 )
     if not values:
         parts.append(
-            f'<text x="{_LEFT + _PLOT_W / 2}" y="{_TOP + _PLOT_H / 2}" text-anchor="middle" '
+            f'<text x="{_LEFT + plot_width / 2}" y="{_TOP + plot_height / 2}" text-anchor="middle" '
             f'font-size="13" fill="#5f6b7a">no data in this range</text>'
         )
     parts.append('</svg><figcaption><ul class="legend">')
@@ -309,12 +320,12 @@ def meter_chart(meters: Sequence[Meter], *, title: str, colour: str = "#2f6fb0")
     if any(m.value < 0 or m.limit < 0 for m in meters):
         raise ValueError("meter values cannot be negative")
     top = nice_ceiling(max([m.value for m in meters] + [m.limit for m in meters], default=0))
-    label_w, bar_w, row_h = 220, 560, 26
-    width, height = label_w + bar_w + 20, max(1, len(meters)) * row_h + 4
+    label_w, bar_w, row_h, caption_w = 160, 480, 26, 340
+    width, height = label_w + bar_w + caption_w, max(1, len(meters)) * row_h + 4
     parts = [
         '<figure class="meter-chart">',
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" role="img" '
-        f'aria-label="{escape(title)}" viewBox="0 0 {width} {height}" width="100%">',
+        f'aria-label="{escape(title)}" viewBox="0 0 {width} {height}" width="{width}">',
         f"<title>{escape(title)}</title>",
     ]
     for i, meter in enumerate(meters):
@@ -333,7 +344,9 @@ def meter_chart(meters: Sequence[Meter], *, title: str, colour: str = "#2f6fb0")
             f'<rect class="value" x="{label_w}" y="{y}" width="{_num(bar)}" height="18" '
             f'fill="{fill}"/>'
             f'<line class="limit" x1="{_num(tick)}" x2="{_num(tick)}" y1="{y - 2}" '
-            f'y2="{y + 20}" stroke="#1f2933" stroke-width="2"/></g>'
+            f'y2="{y + 20}" stroke="#1f2933" stroke-width="2"/>'
+            f'<text x="{label_w + bar_w + 10}" y="{y + 14}" font-size="12" '
+            f'fill="#5f6b7a">{escape(caption)}</text></g>'
         )
     parts.append("</svg></figure>")
     return "".join(parts)

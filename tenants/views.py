@@ -180,6 +180,8 @@ USAGE_RANGES: dict[str, tuple[timedelta, reports.Period, str]] = {
     "24h": (timedelta(hours=24), "hour", "last 24 hours, per hour"),
     "30d": (timedelta(days=30), "day", "last 30 days, per day"),
 }
+# Three charts side by side on the tenant page.
+_NARROW: dict[str, Any] = {"plot_width": 290, "plot_height": 150}
 SERIES_COLOURS = ("#2f6fb0", "#2f9e6e", "#c98a2b", "#8e5bb5", "#c2255c", "#1b998b")
 
 
@@ -211,6 +213,7 @@ def _usage_charts(tenant: Tenant, range_key: str) -> dict[str, str]:
         title=f"Tokens of {tenant.slug}, {label}",
         since=start,
         until=end,
+        **_NARROW,
     )
     reserved = line_chart(
         [
@@ -230,9 +233,9 @@ def _usage_charts(tenant: Tenant, range_key: str) -> dict[str, str]:
             ),
         ],
         title=f"KV units reserved by {tenant.slug} against its quota, {label}",
-        unit=" u",
         since=start,
         until=end,
+        **_NARROW,
     )
     latency = line_chart(
         [
@@ -247,6 +250,7 @@ def _usage_charts(tenant: Tenant, range_key: str) -> dict[str, str]:
         unit=" ms",
         since=start,
         until=end,
+        **_NARROW,
     )
     return {
         "tokens": mark_safe(tokens),

@@ -121,5 +121,6 @@ def test_a_meter_turns_red_past_its_limit():
     values = [r for r in root.iter(f"{SVG}rect") if r.get("class") == "value"]
     ticks = [line for line in root.iter(f"{SVG}line") if line.get("class") == "limit"]
     assert [v.get("fill") for v in values] == ["#2f6fb0", "#c0392b"]
-    assert [float(v.get("width", 0)) for v in values] == [3 / 10 * 560, 6 / 10 * 560]
-    assert {t.get("x1") for t in ticks} == {str(220 + 4 / 10 * 560).rstrip("0").rstrip(".")}
+    assert [float(v.get("width", 0)) for v in values] == [3 / 10 * 480, 6 / 10 * 480]
+    assert {float(t.get("x1", 0)) for t in ticks} == {160 + 4 / 10 * 480}
+    assert "6 of 4" in markup  # the numbers beside each bar

@@ -115,6 +115,7 @@ def test_a_batch_page_shows_counts_failed_lines_and_files(console: Client, batch
     assert "req-8" in html
     assert f"/console/batches/batch_acme1/files/{batches[0].input_file_id}/" in html
     assert "Cancel batch" in html
+    assert 'hx-select="#batch-live"' in html  # counts refresh while it runs
 
 
 def test_a_failed_batch_lists_its_validation_errors(console: Client, batches: list[Batch]):
@@ -131,6 +132,7 @@ def test_a_failed_batch_lists_its_validation_errors(console: Client, batches: li
     assert "Line 3 is not JSON." in html
     assert "invalid_json" in html
     assert "Cancel batch" not in html
+    assert 'hx-select="#batch-live"' not in html  # a finished batch does not poll
 
 
 def test_staff_download_a_batchs_file(console: Client, batches: list[Batch]):
