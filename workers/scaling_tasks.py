@@ -38,6 +38,7 @@ from scheduler.scaling import (
     Decision,
     EngineView,
     LastAction,
+    PeakError,
     PoolPolicy,
     QueueSample,
     decide,
@@ -218,7 +219,7 @@ def scaler_tick() -> dict[str, str]:
         for pool in pool_list(enabled_only=True):
             try:
                 record = scale_pool(pool, snapshot, now)
-            except DomainError as exc:  # a bad pool must not stop the others
+            except (DomainError, PeakError) as exc:  # a bad pool must not stop the others
                 log.warning("scaler: pool %s: %s", pool, exc)
                 continue
             done[pool.served_model_name] = record.action if record else "hold"

@@ -332,3 +332,17 @@ def test_the_pool_command_creates_adds_engines_sets_and_shows(device, tmp_path, 
         call_command("pool", "show", "nope")
     with pytest.raises(CommandError, match="not JSON"):
         call_command("pool", "set", MODEL, "--peaks", "lunch")
+
+
+def test_a_pool_with_a_broken_schedule_in_the_database_does_not_stop_the_others(
+    pool, redis_db, sent, django_capture_on_commit_callbacks
+):
+    pool_add_engines(pool=pool, count=1, first_port=9100)
+    broken = Pool.objects.create(
+        served_model_name="other", model_path=pool.model_path, footprint_units=4,
+        peaks=[{"start": "noon", "end": "13:00"}],
+    )  # fmt: skip
+    with django_capture_on_commit_callbacks(execute=True):
+        result = scaling_tasks.scaler_tick()
+    assert result == {MODEL: "start"}
+    assert not ScalingDecision.objects.filter(pool=broken).exists()
