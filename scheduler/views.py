@@ -57,7 +57,13 @@ from scheduler.selectors import (
 )
 from scheduler.services import NoRoom, engine_check_room_to_start, engine_set_status
 from scheduler.units import GIB, bytes_to_units_exact
-from workers.engine_tasks import progress_begin, progress_lines, send_start, send_stop
+from workers.engine_tasks import (
+    action_pending,
+    progress_begin,
+    progress_lines,
+    send_start,
+    send_stop,
+)
 from workers.telemetry import engine_live
 
 COLOURS = {"weights": "#5b6b8c", "reserve": "#c98a2b", "kv": "#2f9e6e", "unused": "#c9ced6"}
@@ -411,7 +417,7 @@ def _engine_context(engine: Engine) -> dict[str, object]:
         "progress": progress_lines(engine.name),
         "log_tail": log_tail(engine_log_path(engine), lines=20),
         "log_path": engine_log_path(engine),
-        "moving": engine.status in MOVING_STATUSES,
+        "moving": engine.status in MOVING_STATUSES or action_pending(engine.name),
     }
 
 
@@ -452,7 +458,9 @@ def engine_action(request: HttpRequest, name: str, action: str) -> HttpResponseR
             engine=engine, status=EngineStatus.DRAINING, detail="draining (from the console)"
         )
         sync_engine(engine)  # out of the fair queue now: no new picks, in-flight work ends
-        progress_begin(engine.name, "draining: no new work; stop it once nothing is in flight")
+        progress_begin(
+            engine.name, "draining: no new work; stop it once nothing is in flight", pending=False
+        )
         messages.success(request, f"{engine.name} is draining: it takes no new work.")
     elif action == "stop":
         if not engine.is_live and engine.status != EngineStatus.FAILED:

@@ -23,6 +23,10 @@ from scheduler.pools import sync_engine
 from workers.scaling_tasks import node_queue
 
 PROGRESS_KEY = "gs:console:engine-progress:{name}"
+# Set while a start or stop the console asked for has not finished (the task may still be
+# waiting for a worker), so the engine's page keeps following it; the TTL covers a task
+# that never ran.
+PENDING_KEY = "gs:console:engine-pending:{name}"
 PROGRESS_LINES = 40
 PROGRESS_TTL_S = 3600
 
@@ -42,10 +46,21 @@ def progress_lines(name: str) -> list[str]:
     return [str(line) for line in redis_client().lrange(PROGRESS_KEY.format(name=name), 0, -1)]
 
 
-def progress_begin(name: str, line: str) -> None:
+def progress_begin(name: str, line: str, *, pending: bool = True) -> None:
     """A new action: its lines replace the previous action's."""
-    redis_client().delete(PROGRESS_KEY.format(name=name))
+    client = redis_client()
+    client.delete(PROGRESS_KEY.format(name=name))
+    if pending:
+        client.set(PENDING_KEY.format(name=name), 1, ex=PROGRESS_TTL_S)
     progress_note(name, line)
+
+
+def action_pending(name: str) -> bool:
+    return bool(redis_client().exists(PENDING_KEY.format(name=name)))
+
+
+def _action_done(name: str) -> None:
+    redis_client().delete(PENDING_KEY.format(name=name))
 
 
 @shared_task(name="workers.engine_start")
@@ -56,6 +71,8 @@ def start_engine(name: str) -> str:
     except DomainError as exc:
         progress_note(name, f"start failed: {exc}")
         return "failed"
+    finally:
+        _action_done(name)
     if engine.status == EngineStatus.READY:
         sync_engine(engine)  # takes picks now, not at the next housekeeping sync
     return str(engine.status)
@@ -69,6 +86,8 @@ def stop_engine(name: str) -> str:
     except DomainError as exc:
         progress_note(name, f"stop failed: {exc}")
         return "failed"
+    finally:
+        _action_done(name)
     return str(engine.status)
 
 

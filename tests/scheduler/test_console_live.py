@@ -20,7 +20,7 @@ from scheduler.pools import fair_queue
 from scheduler.units import GIB
 from tenants.models import Tenant
 from tests.factories import TenantFactory
-from workers.engine_tasks import progress_lines, start_engine
+from workers.engine_tasks import action_pending, progress_begin, progress_lines, start_engine
 from workers.telemetry import engine_key
 
 pytestmark = pytest.mark.django_db
@@ -233,6 +233,9 @@ def test_start_runs_the_supervisor_in_a_task_and_the_page_follows_it(console: Cl
     # To the engine's node, where its process will run.
     send.assert_called_once_with(args=("qwen-c",), queue="gpushare.node.node1")
     assert progress_lines("qwen-c")[-1].endswith("start requested from the console")
+    # Still stopped (no worker has the task yet), but the page already follows it.
+    waiting = console.get("/console/engines/qwen-c/").content.decode()
+    assert 'hx-trigger="every 2s"' in waiting
     Engine.objects.filter(name="qwen-c").update(
         status=EngineStatus.STARTING, status_detail="process 42 launched"
     )
@@ -248,12 +251,14 @@ def test_the_start_task_reports_what_the_supervisor_says(fleet: Fleet):
         on_progress(f"{name}: healthy after 3 s, warming")
         raise EngineStartError("the engine died while starting")
 
+    progress_begin("qwen-c", "start requested from the console")
     with mock.patch("workers.engine_tasks.engine_start", fake_start):
         assert start_engine("qwen-c") == "failed"
 
     lines = progress_lines("qwen-c")
-    assert lines[0].endswith("qwen-c: healthy after 3 s, warming")
-    assert lines[1].endswith("start failed: the engine died while starting")
+    assert not action_pending("qwen-c")  # the page stops following
+    assert lines[1].endswith("qwen-c: healthy after 3 s, warming")
+    assert lines[2].endswith("start failed: the engine died while starting")
 
 
 def test_start_is_refused_before_any_task_when_the_device_has_no_room(
