@@ -44,6 +44,11 @@ class NotFound(DomainError):
     code = "not_found"
 
 
+class Conflict(DomainError):
+    http_status = status.HTTP_409_CONFLICT
+    code = "conflict"
+
+
 class InvalidApiKey(DomainError):
     http_status = status.HTTP_401_UNAUTHORIZED
     error_type = "authentication_error"

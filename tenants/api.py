@@ -153,9 +153,9 @@ class TenantDetailApi(APIView):
         tenant = services.tenant_update(tenant=tenant, **payload.validated_data)
         return Response(TenantOutput(tenant).data)
 
-    @extend_schema(responses={204: None})
+    @extend_schema(responses={204: None, 409: None})
     def delete(self, request: Request, slug: str) -> Response:
-        selectors.tenant_get(slug=slug).delete()
+        services.tenant_delete(tenant=selectors.tenant_get(slug=slug))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -9,10 +9,10 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import ProtectedError, Q
 from django.utils import timezone
 
-from config.errors import InvalidApiKey
+from config.errors import Conflict, InvalidApiKey
 from config.ttlcache import TtlCache
 from scheduler.request_classes import REQUEST_CLASSES, RequestClass
 from tenants.keys import hash_key, new_key_material
@@ -88,6 +88,20 @@ def tenant_update(*, tenant: Tenant, **changes: Any) -> Tenant:
     tenant.save()
     _live_keys.clear()  # cached keys carry their tenant's policy
     return tenant
+
+
+def tenant_delete(*, tenant: Tenant) -> None:
+    """Deletes a tenant and its keys. One with usage history (or a dedicated engine) is kept:
+    the ledger is the record of what was used; deactivate the tenant instead."""
+    try:
+        with transaction.atomic():
+            tenant.delete()
+    except ProtectedError:
+        raise Conflict(
+            f"Tenant '{tenant.slug}' has usage history or dedicated engines and cannot be "
+            "deleted; deactivate it instead (is_active = false)."
+        ) from None
+    _live_keys.clear()
 
 
 @transaction.atomic

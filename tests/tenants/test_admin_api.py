@@ -115,3 +115,18 @@ def test_the_schema_documents_the_admin_api(client):
     docs = client.get("/api/docs/")
     assert docs.status_code == 200
     assert b"swagger" in docs.content.lower()
+
+
+def test_a_tenant_with_usage_history_is_kept_with_a_clear_409(staff_client, owner):
+    from datetime import UTC, datetime
+
+    from tenants.models import UsageRecord
+
+    UsageRecord.objects.create(
+        request_id="r1", tenant=owner, model="m", request_class="standard", outcome="success",
+        finished_at=datetime(2026, 11, 30, tzinfo=UTC),
+    )  # fmt: skip
+    response = staff_client.delete("/api/v1/tenants/acme/")
+    assert response.status_code == 409
+    assert "deactivate it instead" in response.json()["detail"]
+    assert Tenant.objects.filter(slug="acme").exists()
