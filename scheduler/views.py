@@ -33,6 +33,7 @@ from scheduler.models import (
     Batch,
     BatchStatus,
     Device,
+    DeviceKind,
     Engine,
     EngineStatus,
     LineState,
@@ -64,7 +65,7 @@ from workers.engine_tasks import (
     send_start,
     send_stop,
 )
-from workers.telemetry import engine_live
+from workers.telemetry import engine_live, gpu_live
 
 COLOURS = {"weights": "#5b6b8c", "reserve": "#c98a2b", "kv": "#2f9e6e", "unused": "#c9ced6"}
 
@@ -248,6 +249,9 @@ class DeviceView:
     grid: str
     live_units: int
     engines: list[EngineRow]
+    # The GPU sampler's live readings (utilisation %, memory bytes, °C); empty for a CPU or
+    # a GPU whose node's sampler has not reported lately.
+    readings: dict[str, float]
 
 
 def _device_views(rows: list[EngineRow]) -> list[DeviceView]:
@@ -287,6 +291,9 @@ def _device_views(rows: list[EngineRow]) -> list[DeviceView]:
                 grid=mark_safe(grid),
                 live_units=sum(b.units for b in blocks),
                 engines=on_it,
+                readings=gpu_live(redis_client(), device.node, device.index)
+                if device.kind == DeviceKind.GPU
+                else {},
             )
         )
     return views

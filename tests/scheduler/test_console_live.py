@@ -21,7 +21,7 @@ from scheduler.units import GIB
 from tenants.models import Tenant
 from tests.factories import TenantFactory
 from workers.engine_tasks import action_pending, progress_begin, progress_lines, start_engine
-from workers.telemetry import engine_key
+from workers.telemetry import engine_key, gpu_key
 
 pytestmark = pytest.mark.django_db
 
@@ -106,6 +106,10 @@ def make_fleet(client: redis.Redis) -> Fleet:
             kv_bytes=GIB // 4,
         )
     client.hset(
+        gpu_key("node1", 0),
+        mapping={"utilization_smoothed": "35.0", "memory_used_bytes": str(41 * GIB), "at": "1"},
+    )
+    client.hset(
         engine_key("llama-a"),
         mapping={"load": "0.25", "kv_cache_usage": "0.42", "requests_running": "1", "at": "1"},
     )
@@ -138,6 +142,7 @@ def test_the_overview_draws_each_device_as_its_units_held_and_free(console: Clie
     # A stopped engine holds no memory: its device is all free.
     assert (_units(html, fleet.gpu1, "used"), _units(html, fleet.gpu1, "free")) == (0, 96)
     assert "96</strong> of 320 units held" in html
+    assert "SM 35% · 41 GiB in use" in html  # the GPU sampler's live reading
     assert html.count('data-engine="llama-a"><title>') == 1
 
 
