@@ -18,8 +18,9 @@ Rules, first match wins:
    unless the pool is at `hot_size + cold_max`. A spike that does not last -> hold.
 4. quiet: more live engines than the floor, and for the whole `quiet_period_s` (also counted
    from the last start or drain) nothing online waited and what ran would have fitted in the
-   other ready engines at most half full -> drain one (the ready engine with the fewest jobs
-   in flight, the most recently started on a tie).
+   other ready engines at most half full (nothing ran, when it is the last engine: a hot
+   size of 0 runs engines only for scheduled peaks) -> drain one (the ready engine with the
+   fewest jobs in flight, the most recently started on a tie).
 5. otherwise hold.
 
 A start picks registered engines of the pool that are stopped (failed ones only when no
@@ -273,11 +274,8 @@ def decide(
             ),
         )
         room_after = sum(e.max_num_seqs for e in ready) - victim.max_num_seqs
-        if (
-            covered
-            and room_after > 0
-            and all(s.waiting == 0 and s.running <= QUIET_FILL * room_after for s in quiet)
-        ):
+        # With no engine left after the drain (hot size 0), quiet means nothing ran at all.
+        if covered and all(s.waiting == 0 and s.running <= QUIET_FILL * room_after for s in quiet):
             peak_running = max(s.running for s in quiet)
             return Decision(
                 "drain",

@@ -214,6 +214,13 @@ def test_a_busy_pool_without_a_queue_is_not_quiet():
     assert run(policy(), engines, history(310, running=20)).action == "hold"
 
 
+def test_with_a_hot_size_of_zero_the_last_engine_drains_only_when_nothing_ran():
+    engines = [engine("e1")]
+    assert run(policy(hot_size=0), engines, history(310, running=1)).action == "hold"
+    decision = run(policy(hot_size=0), engines, history(310))
+    assert (decision.action, decision.engines) == ("drain", ("e1",))
+
+
 def test_it_never_drains_below_the_hot_size():
     engines = [engine("e1"), engine("e2"), engine("e3", "stopped")]
     decision = run(policy(hot_size=2), engines, history(600))
