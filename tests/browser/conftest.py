@@ -35,8 +35,11 @@ ARTIFACTS = Path(
 STAFF_PASSWORD = "pw-browser-operator"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    # Per module, not per session: Playwright's event loop must be gone before tests that
+    # are not browser tests run in this thread (Django's sync test client refuses to run
+    # async middleware beside a running loop).
     if not Path(CHROMIUM).exists():
         pytest.fail(
             f"No Chromium at {CHROMIUM}: run scripts/ensure_chromium.sh "

@@ -70,6 +70,8 @@ class Platform:
                 "GPUSHARE_DEMO_MODEL_DIR", str(REPO / "var" / "models" / "tiny-llama")
             ),
             "GPUSHARE_HOUSEKEEPING_INTERVAL_S": "1",
+            # Room on the CPU device for the platform's engine and the ones tests add.
+            "GPUSHARE_CPU_KVCACHE_GIB": "4",
             "PYTHONUNBUFFERED": "1",
         }
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
