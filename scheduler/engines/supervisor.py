@@ -317,8 +317,10 @@ def engine_stop(
                 engine=engine, status=EngineStatus.STOPPED, detail="stopped after failing"
             )
         return engine
-    if engine.status == EngineStatus.READY:
-        engine_set_status(engine=engine, status=EngineStatus.DRAINING, detail="draining")
+    if engine.status in (EngineStatus.READY, EngineStatus.DRAINING):
+        # An engine already draining (the console's Drain) still has in-flight work to end.
+        if engine.status == EngineStatus.READY:
+            engine_set_status(engine=engine, status=EngineStatus.DRAINING, detail="draining")
         _leave_fair_queue(engine)
         on_progress(f"{engine.name}: draining (up to {timeouts.drain_s:.0f} s)")
         _drain(engine, timeouts=timeouts, on_progress=on_progress)
