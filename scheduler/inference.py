@@ -8,6 +8,7 @@ OpenAI's do (`param`), so a client sees what to fix.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -54,8 +55,9 @@ class InferenceRequest:
 def parse_inference_request(endpoint: Endpoint, body: Any) -> InferenceRequest:
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
+    _check_unicode(body)
     model = body.get("model")
-    if not isinstance(model, str) or not model.strip():
+    if not isinstance(model, str) or not model.strip() or "\x00" in model:
         raise InvalidRequest("You must provide a model parameter.", param="model")
     if endpoint == "chat":
         _check_messages(body.get("messages"))
@@ -81,6 +83,15 @@ def parse_inference_request(endpoint: Endpoint, body: Any) -> InferenceRequest:
         max_tokens=max_tokens,
         request_class=request_class,
     )
+
+
+def _check_unicode(body: dict[str, Any]) -> None:
+    """JSON may spell a lone UTF-16 surrogate ("\\ud800"), which no UTF-8 text can hold: the
+    engine could never be sent it."""
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest("The request holds a lone surrogate; send valid Unicode.") from None
 
 
 def _check_messages(messages: Any) -> None:
