@@ -23,6 +23,7 @@ import httpx
 import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import connection
 
 from config.errors import DomainError, Forbidden, NotFound
 from config.ttlcache import TtlCache
@@ -277,7 +278,17 @@ async def admit(*, authorization: str, request: InferenceRequest, class_header: 
     received_at = time.time()
     prepared = await sync_to_async(_prepare)(authorization, request, class_header)
     prompt_tokens = await count_prompt_tokens(request, prepared.route.engine)
-    return await sync_to_async(_enqueue)(prepared, prompt_tokens, received_at)
+    return await sync_to_async(_enqueue_and_let_go)(prepared, prompt_tokens, received_at)
+
+
+def _enqueue_and_let_go(prepared: _Prepared, prompt_tokens: int, received_at: float) -> Admitted:
+    """Enqueue, then hand the database connection back to the pool: the request may now wait
+    and stream for minutes without needing it, and holding one per waiting request would
+    exhaust the pool under load."""
+    try:
+        return _enqueue(prepared, prompt_tokens, received_at)
+    finally:
+        connection.close()
 
 
 # Events that end a job's story for its waiter.
