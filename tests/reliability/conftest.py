@@ -1,0 +1,193 @@
+"""The reliability suite: the whole platform as real processes, put under load and faults.
+
+Every platform here has a Redis of its own (a private `redis-server` on a free port, with
+`--appendonly yes` as in production), so a test may kill and restart it without touching the
+machine's shared Redis, and its own PostgreSQL database. Two platforms with one engine each
+are started in all: the engine-crash module's (it destroys its engine) and the session's.
+
+The suite runs only when asked for (`pytest tests/reliability` or `-m reliability`): a plain
+`pytest tests` run of the unit suites does not start platforms.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.e2e.harness import Database, Platform, free_port
+
+MODEL = "tiny-llama"
+HERE = Path(__file__).parent
+
+# Short enough that a dead worker's jobs come back, and queued work gives up, within a test.
+RELIABILITY_ENV = {
+    "GPUSHARE_SCHED_LEASE_S": "5",
+    "GPUSHARE_SCHED_TIMEOUT_STANDARD_S": "20",
+    "GPUSHARE_SCHED_TIMEOUT_INTERACTIVE_S": "20",
+    "GPUSHARE_HOUSEKEEPING_INTERVAL_S": "1",
+    "GPUSHARE_TELEMETRY_INTERVAL_S": "2",
+    "GPUSHARE_AUTH_CACHE_S": "1",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "reliability: real processes under load and faults (tests/reliability)"
+    )
+
+
+def _asked_for(config: pytest.Config) -> bool:
+    if "reliability" in (config.getoption("markexpr") or ""):
+        return True
+    return any("reliability" in str(arg) for arg in config.invocation_params.args)
+
+
+# The engine-crash module first (its platform is gone before the shared one starts, so only
+# one engine runs at a time), the Redis restart last (it is the roughest on the platform).
+ORDER = ["test_engine_crash", "test_worker_kill", "test_quotas_under_load", "test_security",
+         "test_fuzzing", "test_redis_restart"]  # fmt: skip
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip = pytest.mark.skip(reason="reliability suite: run `pytest tests/reliability`")
+    asked = _asked_for(config)
+    ours = []
+    for item in items:
+        if HERE in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.reliability)
+            if not asked:
+                item.add_marker(skip)
+            ours.append(item)
+    rank = {name: i for i, name in enumerate(ORDER)}
+    ours.sort(key=lambda item: rank.get(Path(str(item.fspath)).stem, len(ORDER)))
+    positions = [i for i, item in enumerate(items) if HERE in Path(str(item.fspath)).parents]
+    for position, item in zip(positions, ours, strict=True):
+        items[position] = item
+
+
+class RedisServer:
+    """A private redis-server with AOF persistence in a temporary folder."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir / "redis"
+        self.dir.mkdir(exist_ok=True)
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def start(self) -> None:
+        log = open(self.dir / "redis.log", "ab")  # noqa: SIM115 - lives with the process
+        self.process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+             "--dir", str(self.dir), "--appendonly", "yes", "--appendfsync", "everysec",
+             "--save", "", "--protected-mode", "no"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if client.ping():
+                    return
+            except (redis.ConnectionError, redis.BusyLoadingError):
+                time.sleep(0.1)
+        raise AssertionError(f"redis-server on {self.port} did not answer")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown save; what survives is what the AOF holds."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@dataclass
+class Stack:
+    platform: Platform
+    redis: RedisServer
+    database: Database
+    engine: str
+
+    def fair_queue(self) -> Any:
+        """A fair-queue client on this platform's Redis, in the test process."""
+        from django.conf import settings
+
+        from scheduler.fairqueue import FairQueue, config_from_settings
+
+        client = redis.Redis.from_url(self.redis.url(), decode_responses=True)
+        return FairQueue(client, config_from_settings(settings))
+
+
+def start_stack(workdir: Path, engine: str, *, max_num_seqs: int = 16) -> Stack:
+    model_dir = Path(os.environ.get("GPUSHARE_DEMO_MODEL_DIR", "var/models/tiny-llama"))
+    if not (model_dir / "config.json").exists():
+        pytest.fail(f"The tiny model is missing at {model_dir}: run `make test` first.")
+    server = RedisServer(workdir)
+    server.start()
+    database = Database(os.environ.get("DATABASE_URL", ""), workdir)
+    platform = Platform(workdir, database_url=database.url, redis_url=server.url())
+    platform.env.update(RELIABILITY_ENV)
+    stack = Stack(platform, server, database, engine)
+    try:
+        platform.start()
+        platform.manage("gpus", "discover")
+        platform.manage(
+            "engine", "create", engine, "--served-model-name", MODEL, "--units", "4",
+            "--port", str(free_port()), "--max-model-len", "4096",
+            "--max-num-seqs", str(max_num_seqs),
+        )  # fmt: skip
+        platform.manage("engine", "start", engine, timeout=600)
+        platform.wait_http("/readyz", timeout=60)
+    except BaseException:
+        stop_stack(stack)
+        raise
+    return stack
+
+
+def stop_stack(stack: Stack) -> None:
+    try:
+        stack.platform.manage("engine", "stop", stack.engine, timeout=120)
+    except Exception as exc:  # best effort: the engine may be the one a test killed
+        print(f"engine stop failed: {exc}")
+    stack.platform.stop()
+    stack.redis.stop()
+    stack.database.drop()
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+    """A test database of the suite's own: other suites on the same server use test_<name>."""
+    from django.conf import settings
+
+    database = settings.DATABASES["default"]
+    if database["ENGINE"] == "django.db.backends.postgresql":
+        database.setdefault("TEST", {})["NAME"] = f"test_gs_reliability_{os.getpid()}"
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The suite's shared platform (one engine, 16 seats) on its own Redis."""
+    started = start_stack(tmp_path_factory.mktemp("reliability"), "rel-engine")
+    try:
+        yield started
+    finally:
+        stop_stack(started)

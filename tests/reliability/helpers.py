@@ -1,0 +1,132 @@
+"""What the reliability tests share: tenants, requests that record how they ended, the
+ledger and the scheduler's own check."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from tests.e2e.harness import Platform
+from tests.reliability.conftest import MODEL
+
+# No request of the suite may take longer than this: a hang fails the test.
+CLIENT_TIMEOUT_S = 120.0
+
+
+def make_tenant(platform: Platform, **options: str) -> tuple[str, str]:
+    """A new tenant (slug, raw key) with the given `tenant create` options."""
+    slug = f"r-{uuid.uuid4().hex[:8]}"
+    args = ["tenant", "create", slug]
+    for name, value in {"quota_units": "4", **options}.items():
+        args += [f"--{name.replace('_', '-')}", *value.split()]
+    data = platform.manage_json(*args)
+    return slug, data["api_key"]["key"]
+
+
+def chat_body(max_tokens: int = 64, *, stream: bool = False, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+        **extra,
+    }
+
+
+@dataclass
+class Answer:
+    """How one request ended, as its client saw it."""
+
+    status: int
+    request_id: str | None
+    body: Any = None
+    events: list[Any] = field(default_factory=list)  # SSE data payloads, parsed
+    done: bool = False  # the stream ended with `data: [DONE]`
+    exception: str | None = None  # the client gave up (timeout) or the connection broke
+
+    @property
+    def stream_error(self) -> dict[str, Any] | None:
+        for event in self.events:
+            if isinstance(event, dict) and "error" in event:
+                return event
+        return None
+
+    @property
+    def chunks(self) -> int:
+        return sum(1 for e in self.events if isinstance(e, dict) and "choices" in e)
+
+
+def post(
+    http: httpx.Client, key: str, body: dict[str, Any], path: str = "/v1/chat/completions"
+) -> Answer:
+    headers = {"Authorization": f"Bearer {key}"}
+    try:
+        if not body.get("stream"):
+            response = http.post(path, json=body, headers=headers, timeout=CLIENT_TIMEOUT_S)
+            try:
+                parsed: Any = response.json()
+            except ValueError:
+                parsed = response.text
+            return Answer(response.status_code, response.headers.get("X-Request-Id"), parsed)
+        with http.stream(
+            "POST", path, json=body, headers=headers, timeout=CLIENT_TIMEOUT_S
+        ) as response:
+            answer = Answer(response.status_code, response.headers.get("X-Request-Id"))
+            if response.status_code != 200:
+                response.read()
+                answer.body = response.json()
+                return answer
+            for line in response.iter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: ") :]
+                if data == "[DONE]":
+                    answer.done = True
+                    break
+                answer.events.append(json.loads(data))
+            return answer
+    except httpx.HTTPError as exc:
+        return Answer(0, None, exception=f"{type(exc).__name__}: {exc}")
+
+
+def assert_openai_error(answer: Answer) -> None:
+    body = answer.body
+    assert isinstance(body, dict), (answer.status, body)
+    assert isinstance(body.get("error"), dict), (answer.status, body)
+    assert {"message", "type", "code"} <= set(body["error"]), body
+
+
+def usage_rows(platform: Platform, slug: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = platform.shell(
+        "import json; from tenants.models import UsageRecord as U; print(json.dumps(list("
+        f"U.objects.filter(tenant__slug='{slug}').values('request_id', 'outcome', "
+        "'status_code', 'error_code', 'completion_tokens'))))"
+    )
+    return rows
+
+
+def wait_until(predicate: Any, timeout: float, what: str, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    value = None
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {value!r})")
+
+
+def scheduler_check(platform: Platform) -> str:
+    """`manage.py scheduler check`; fails (exit 1) on drift."""
+    return platform.manage("scheduler", "check")
+
+
+def reserved_totals(fair_queue: Any) -> tuple[int, int]:
+    snap = fair_queue.snapshot()
+    return sum(snap.tenant_reserved_bytes.values()), sum(snap.engine_reserved_bytes.values())

@@ -1,0 +1,104 @@
+"""The engine process SIGKILLed mid-stream, on a platform of its own (this test destroys its
+engine; 4 seats, so work is queued behind the streams).
+
+Streaming clients get an OpenAI error event and `data: [DONE]`; the supervisor's periodic
+check marks the engine failed; work that was queued for it waits, then is answered 503
+after its queue timeout (the pool has no other ready engine); new work is refused 503 at
+once; nothing stays reserved."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.reliability.conftest import Stack, start_stack, stop_stack
+from tests.reliability.helpers import (
+    assert_openai_error,
+    chat_body,
+    make_tenant,
+    post,
+    reserved_totals,
+    scheduler_check,
+    wait_until,
+)
+
+SEATS = 4
+
+
+@pytest.fixture(scope="module")
+def crash_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    started = start_stack(
+        tmp_path_factory.mktemp("engine-crash"), "crash-engine", max_num_seqs=SEATS
+    )
+    try:
+        yield started
+    finally:
+        stop_stack(started)
+
+
+def engine_row(stack: Stack) -> dict[str, Any]:
+    row: dict[str, Any] = stack.platform.shell(
+        "import json; from scheduler.models import Engine; print(json.dumps(Engine.objects"
+        f".filter(name='{stack.engine}').values('pid', 'status', 'status_detail').get()))"
+    )
+    return row
+
+
+def test_killing_the_engine_mid_stream_ends_streams_marks_it_failed_and_frees_all(
+    crash_stack: Stack,
+) -> None:
+    platform, queue = crash_stack.platform, crash_stack.fair_queue()
+    _, key = make_tenant(platform, quota_units="8")
+    pid = engine_row(crash_stack)["pid"]
+    assert pid
+    streams = [chat_body(3000, stream=True) for _ in range(SEATS)]
+    queued = [chat_body(32) for _ in range(4)]
+    with httpx.Client(base_url=platform.base_url) as http, ThreadPoolExecutor(8) as pool:
+        stream_futures = [pool.submit(post, http, key, body) for body in streams]
+        wait_until(
+            lambda: sum(queue.snapshot().engine_inflight.values()) == SEATS, 60, "seats full"
+        )
+        queued_futures = [pool.submit(post, http, key, body) for body in queued]
+        time.sleep(2)  # the streams are well under way; the others wait for a seat
+        pgid = os.getpgid(pid)
+        os.killpg(pgid, signal.SIGKILL)  # the server and its engine-core children
+        killed_at = time.monotonic()
+        stream_answers = [f.result() for f in stream_futures]
+        streams_ended_s = time.monotonic() - killed_at
+        row = wait_until(
+            lambda: (r := engine_row(crash_stack))["status"] == "failed" and r, 30, "engine failed"
+        )
+        failed_s = time.monotonic() - killed_at
+        queued_answers = [f.result() for f in queued_futures]
+        queued_s = time.monotonic() - killed_at
+        late = post(http, key, chat_body(16))
+    print(
+        f"\nstreams ended {streams_ended_s:.1f} s, engine marked failed {failed_s:.1f} s, "
+        f"queued answered {queued_s:.1f} s after the kill; detail: {row['status_detail']!r}"
+    )
+
+    for answer in stream_answers:
+        assert answer.exception is None, answer.exception
+        assert answer.status == 200
+        assert answer.chunks > 0  # it was mid-stream
+        assert answer.done, answer.events[-3:]
+        error = answer.stream_error
+        assert error is not None, answer.events[-3:]
+        assert {"message", "type", "code"} <= set(error["error"])
+    for answer in queued_answers:
+        assert answer.exception is None, answer.exception
+        assert answer.status == 503, (answer.status, answer.body)
+        assert_openai_error(answer)
+    assert late.status == 503
+    assert_openai_error(late)
+
+    wait_until(lambda: reserved_totals(queue) == (0, 0), 30, "reservations back to zero")
+    report = scheduler_check(platform)
+    assert "no drift" in report, report
