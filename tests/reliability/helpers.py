@@ -69,18 +69,15 @@ def post(
     try:
         if not body.get("stream"):
             response = http.post(path, json=body, headers=headers, timeout=CLIENT_TIMEOUT_S)
-            try:
-                parsed: Any = response.json()
-            except ValueError:
-                parsed = response.text
-            return Answer(response.status_code, response.headers.get("X-Request-Id"), parsed)
+            request_id = response.headers.get("X-Request-Id")
+            return Answer(response.status_code, request_id, _parsed(response))
         with http.stream(
             "POST", path, json=body, headers=headers, timeout=CLIENT_TIMEOUT_S
         ) as response:
             answer = Answer(response.status_code, response.headers.get("X-Request-Id"))
             if response.status_code != 200:
                 response.read()
-                answer.body = response.json()
+                answer.body = _parsed(response)
                 return answer
             for line in response.iter_lines():
                 if not line.startswith("data: "):
@@ -93,6 +90,13 @@ def post(
             return answer
     except httpx.HTTPError as exc:
         return Answer(0, None, exception=f"{type(exc).__name__}: {exc}")
+
+
+def _parsed(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:  # not JSON: an HTML error page, say
+        return response.text[:2000]
 
 
 def assert_openai_error(answer: Answer) -> None:
