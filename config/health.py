@@ -1,4 +1,4 @@
-"""/healthz (the process is alive) and /readyz (its dependencies answer)."""
+"""/healthz (the process is alive) and /readyz (database and Redis answer, an engine is ready)."""
 
 from __future__ import annotations
 
@@ -33,9 +33,21 @@ def _check_redis() -> None:
         client.close()
 
 
+class NoReadyEngine(Exception):
+    pass
+
+
+def _check_engines() -> None:
+    from scheduler.models import Engine, EngineStatus  # apps are loaded by request time
+
+    if not Engine.objects.filter(status=EngineStatus.READY).exists():
+        raise NoReadyEngine("no engine is ready (manage.py engine status)")
+
+
 READINESS_CHECKS: dict[str, Callable[[], None]] = {
     "database": _check_database,
     "redis": _check_redis,
+    "engines": _check_engines,
 }
 
 

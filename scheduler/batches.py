@@ -154,10 +154,16 @@ def _validate_line(
     seen: set[str],
     model_check: ModelCheck,
 ) -> ParsedLine | LineError:
+    # PostgreSQL text and jsonb cannot hold NUL: refuse it here, as a line error, rather than
+    # fail the whole batch when the lines are stored.
+    if b"\x00" in raw or b"\\u0000" in raw:
+        return LineError(number, "invalid_json_line", f"Line {number} contains a NUL character.")
     try:
         item = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         return LineError(number, "invalid_json_line", f"Line {number} is not valid JSON: {exc}")
+    except RecursionError:
+        return LineError(number, "invalid_json_line", f"Line {number} is nested too deeply.")
     if not isinstance(item, dict):
         return LineError(number, "invalid_json_line", f"Line {number} is not a JSON object.")
     custom_id = item.get("custom_id")

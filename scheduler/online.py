@@ -17,6 +17,7 @@ import uuid
 import weakref
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -39,6 +40,7 @@ from scheduler.pools import Route, fair_queue, route_for, sync_engine, sync_tena
 from tenants.auth import authenticate_bearer
 from tenants.limits import limits_admit
 from tenants.models import ApiKey
+from tenants.usage_buffer import usage_push
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,8 @@ def parse_json_body(body: bytes) -> Any:
         raise BadRequest("The request body is not valid UTF-8.") from None
     except ValueError as exc:
         raise BadRequest(f"The request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("The request body is nested too deeply.") from None
 
 
 def _prepare(authorization: str, request: InferenceRequest, class_header: str) -> _Prepared:
@@ -354,6 +358,23 @@ def _queue_timeout(admitted: Admitted) -> QueueTimeout:
 
 def expired_error(admitted: Admitted) -> QueueTimeout:
     return _queue_timeout(admitted)
+
+
+def record_broken_stream(admitted: Admitted, chunks_sent: int) -> None:
+    """A stream whose run was lost after it had sent chunks ends with an error; nobody else
+    writes its ledger row (the rerun is cancelled), so the web does, with what was sent."""
+    job, now = admitted.job, time.time()
+    usage_push(
+        {
+            "request_id": job.job_id, "tenant_id": admitted.tenant_id,
+            "api_key_id": admitted.api_key_id, "model": admitted.request.model, "engine": "",
+            "request_class": job.request_class, "endpoint": admitted.request.endpoint,
+            "outcome": "error", "status_code": 503, "prompt_tokens": job.prompt_tokens,
+            "completion_tokens": chunks_sent, "error_code": "stream_broken",
+            "latency_ms": int((now - admitted.received_at) * 1000),
+            "finished_at": datetime.fromtimestamp(now, tz=UTC).isoformat(),
+        }
+    )  # fmt: skip
 
 
 def cancel(admitted: Admitted, reason: str) -> None:

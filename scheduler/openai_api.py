@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from functools import wraps
 from typing import Any
 
+import redis
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
@@ -32,6 +34,19 @@ from tenants.auth import TenantApiView
 log = logging.getLogger(__name__)
 
 View = Callable[[HttpRequest], Coroutine[Any, Any, HttpResponseBase]]
+
+
+# Redis (the queue) or the database not answering: the client can retry, so 503, never 500.
+DEPENDENCY_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, DatabaseError)
+
+
+def dependency_down(exc: Exception) -> online.Unavailable:
+    log.warning("online path: a dependency is down: %s: %s", type(exc).__name__, exc)
+    return online.Unavailable(
+        "The platform's queue or database is not answering; please retry shortly.",
+        code="service_unavailable",
+        headers={"Retry-After": "5"},
+    )
 
 
 class MethodNotAllowed(DomainError):
@@ -61,6 +76,8 @@ def openai_endpoint(view: View) -> View:
         except DomainError as exc:
             await rejection_hook(request, exc)
             return error_response(exc)
+        except DEPENDENCY_ERRORS as exc:
+            return error_response(dependency_down(exc))
 
     return csrf_exempt(wrapper)
 
@@ -117,17 +134,18 @@ async def _sse(admitted: online.Admitted) -> AsyncIterator[bytes]:
     """The engine's chunks as OpenAI SSE, ending with `data: [DONE]`. A run that is lost
     after chunks were sent cannot be resumed invisibly: the stream ends with an error."""
     finished = False
-    sent_chunks = False
+    sent_chunks = 0  # chunks with content the client has (about one token each)
     try:
         async for event in online.follow(admitted):
             kind = event["event"]
             if kind == "chunk":
                 chunk = _client_chunk(event["data"], admitted.request.include_usage)
                 if chunk is not None:
-                    sent_chunks = True
+                    sent_chunks += 1 if chunk.get("choices") else 0
                     yield _sse_data(chunk)
             elif kind == "requeued" and sent_chunks:
                 online.cancel(admitted, "stream_broken")
+                online.record_broken_stream(admitted, sent_chunks)
                 yield _sse_data(_stream_error("The engine was lost mid-stream; please retry."))
                 break
             elif kind in ("error", "expired", "cancelled"):
@@ -140,6 +158,11 @@ async def _sse(admitted: online.Admitted) -> AsyncIterator[bytes]:
     except DomainError as exc:
         finished = True
         yield _sse_data(openai_error_body(exc.message, exc.error_type, exc.code, exc.param))
+        yield b"data: [DONE]\n\n"
+    except DEPENDENCY_ERRORS as exc:
+        finished = True  # nothing to cancel where the queue is gone; the reaper frees the rest
+        down = dependency_down(exc)
+        yield _sse_data(openai_error_body(down.message, down.error_type, down.code))
         yield b"data: [DONE]\n\n"
     except (asyncio.CancelledError, GeneratorExit):
         raise

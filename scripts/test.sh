@@ -16,4 +16,11 @@ export GPUSHARE_VLLM_PYTHON="${GPUSHARE_VLLM_PYTHON:-$("$REPO_ROOT/scripts/engin
 # Browser tests drive the console in Debian's headless Chromium.
 "$REPO_ROOT/scripts/ensure_chromium.sh"
 say "pytest (database: ${DATABASE_URL:-SQLite})"
-"$VENV/bin/pytest" "$@"
+if [ "$#" -gt 0 ]; then
+  exec "$VENV/bin/pytest" "$@"
+fi
+# The reliability suite starts platforms of its own and kills their parts: it runs on its own,
+# after the end-to-end suite's platform is gone.
+"$VENV/bin/pytest" --ignore=tests/reliability
+say "pytest tests/reliability"
+"$VENV/bin/pytest" tests/reliability

@@ -280,8 +280,19 @@ def tenant_usage_reports(
     """One report for [since, until), or one per hour/day/month within it."""
     if until <= since:
         raise BadPeriod(f"The report's end ({until.isoformat()}) is not after its start.")
+    if per and (until - since) / _SHORTEST[per] > MAX_PERIODS:
+        raise BadPeriod(
+            f"That range holds more than {MAX_PERIODS} {per}s; ask for a shorter range or a "
+            "longer period."
+        )
     windows = period_windows(per, since, until) if per else [(since, until)]
     return [tenant_usage_report(tenant=tenant, since=s, until=u) for s, u in windows]
+
+
+# A report split into periods is computed period by period: bounded, so that no request can
+# ask for millions of them.
+MAX_PERIODS = 1000
+_SHORTEST = {"hour": timedelta(hours=1), "day": timedelta(days=1), "month": timedelta(days=28)}
 
 
 def report_range(

@@ -49,6 +49,7 @@ def tenant_create(
     *,
     slug: str,
     name: str = "",
+    is_active: bool = True,
     weight: float = 1.0,
     quota_units: int = 0,
     burst_units: int = 0,
@@ -62,6 +63,7 @@ def tenant_create(
     tenant = Tenant(
         slug=slug,
         name=name or slug,
+        is_active=is_active,
         weight=weight,
         quota_units=quota_units,
         burst_units=burst_units,

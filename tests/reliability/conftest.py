@@ -5,8 +5,8 @@ Every platform here has a Redis of its own (a private `redis-server` on a free p
 machine's shared Redis, and its own PostgreSQL database. Two platforms with one engine each
 are started in all: the engine-crash module's (it destroys its engine) and the session's.
 
-The suite runs only when asked for (`pytest tests/reliability` or `-m reliability`): a plain
-`pytest tests` run of the unit suites does not start platforms.
+`make test` runs it in a pytest run of its own, after the rest, so that its platforms never
+run beside the end-to-end suite's.
 """
 
 from __future__ import annotations
@@ -45,12 +45,6 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-def _asked_for(config: pytest.Config) -> bool:
-    if "reliability" in (config.getoption("markexpr") or ""):
-        return True
-    return any("reliability" in str(arg) for arg in config.invocation_params.args)
-
-
 # The engine-crash module first (its platform is gone before the shared one starts, so only
 # one engine runs at a time), the Redis restart last (it is the roughest on the platform).
 ORDER = ["test_engine_crash", "test_worker_kill", "test_quotas_under_load", "test_security",
@@ -59,14 +53,10 @@ ORDER = ["test_engine_crash", "test_worker_kill", "test_quotas_under_load", "tes
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    skip = pytest.mark.skip(reason="reliability suite: run `pytest tests/reliability`")
-    asked = _asked_for(config)
     ours = []
     for item in items:
         if HERE in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.reliability)
-            if not asked:
-                item.add_marker(skip)
             ours.append(item)
     rank = {name: i for i, name in enumerate(ORDER)}
     ours.sort(key=lambda item: rank.get(Path(str(item.fspath)).stem, len(ORDER)))

@@ -66,11 +66,6 @@ def schemathesis(
     )  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: POST /api/v1/tenants/ with 'is_active' in the body is a 500: tenants/api.py "
-    "passes it to services.tenant_create(), which takes no is_active (TypeError)",
-)
 def test_schemathesis_finds_no_server_error_in_the_admin_api(stack: Stack) -> None:
     token = staff_token(stack)
     result = schemathesis(stack, token, f"Authorization: Token {token}", "^/api/v1/")
@@ -176,18 +171,7 @@ def assert_openai_shaped(response: httpx.Response) -> None:
         assert {"message", "type", "code", "param"} <= set(body["error"]), body
 
 
-# Bugs found by this suite, reported, not fixed here (the fix is outside its files).
-BUG_DEEP_JSON = pytest.mark.xfail(
-    strict=True,
-    reason="bug: scheduler/online.py parse_json_body lets json.loads' RecursionError through "
-    "(500) for deeply nested JSON; it should be a 400 like any invalid JSON",
-)
-KNOWN_BUGS = {"deeply nested array": BUG_DEEP_JSON, "deeply nested in a field": BUG_DEEP_JSON}
-
-
-@pytest.mark.parametrize(
-    "case", [pytest.param(case, marks=KNOWN_BUGS.get(case, ())) for case in HOSTILE]
-)
+@pytest.mark.parametrize("case", list(HOSTILE))
 def test_a_hostile_inference_request_gets_an_openai_error_never_a_500(
     stack: Stack, http: httpx.Client, tenant_key: str, case: str
 ) -> None:
@@ -265,25 +249,9 @@ BAD_FILES: dict[str, bytes] = {
 }  # fmt: skip
 
 
-BUG_NUL_CUSTOM_ID = pytest.mark.xfail(
-    strict=True,
-    reason="bug: a custom_id holding NUL makes scheduler/batches.py _validate_batch's "
-    "BatchLine bulk_create raise DataError in the batch_process task, again at every feed: "
-    "the batch stays 'validating' instead of failing with a line error",
-)
-
-BUG_DEEP_LINE = pytest.mark.xfail(
-    strict=True,
-    reason="bug: scheduler/batches.py:158 catches (UnicodeDecodeError, ValueError) around "
-    "json.loads, not RecursionError: a deeply nested line crashes the batch_process task at "
-    "every feed and the batch stays 'validating' instead of failing with a line error",
-)
-BATCH_BUGS = {"custom_id with NUL": BUG_NUL_CUSTOM_ID, "deeply nested line": BUG_DEEP_LINE}
-
-
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(case, marks=BATCH_BUGS.get(case, ())) for case in BAD_FILES],
+    list(BAD_FILES),
 )
 def test_a_hostile_batch_file_is_refused_or_fails_cleanly_never_a_500(
     stack: Stack, http: httpx.Client, tenant_key: str, case: str

@@ -15,7 +15,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
-import pytest
 
 from tests.reliability.conftest import MODEL, Stack
 from tests.reliability.helpers import (
@@ -57,15 +56,6 @@ def unclean(answer: Answer) -> str | None:
     return None
 
 
-BUG_REDIS = pytest.mark.xfail(
-    strict=True,
-    reason="bug: redis.ConnectionError is not mapped to 503 on the online path "
-    "(scheduler/online.py follow()/admit() via scheduler/openai_api.py): in-flight whole "
-    "requests get a 500 and streams are cut off without an error event or [DONE]",
-)
-
-
-@BUG_REDIS
 def test_online_requests_fail_cleanly_and_a_batch_completes_across_a_redis_restart(
     stack: Stack,
 ) -> None:

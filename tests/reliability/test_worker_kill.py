@@ -13,7 +13,6 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import pytest
 
 from tests.e2e.harness import kill_process, start_process
 from tests.reliability.conftest import Stack
@@ -32,12 +31,6 @@ REQUESTS = 40
 STREAMS = 10
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a stream the kill broke after its first chunks (its run requeued, the web "
-    "cancels the requeued job with 'stream_broken' in scheduler/openai_api.py _sse) gets no "
-    "usage row: the ledger misses those requests and the tokens they were sent",
-)
 def test_a_worker_killed_mid_load_loses_and_duplicates_nothing(stack: Stack) -> None:
     platform, queue = stack.platform, stack.fair_queue()
     slug, key = make_tenant(platform, quota_units="8")
