@@ -55,7 +55,7 @@ from scheduler.models import (
     FilePurpose,
     LineState,
 )
-from scheduler.online import ContextTooLong, _bounded_max_tokens
+from scheduler.online import ContextTooLong, bounded_max_tokens
 from scheduler.pools import Route, fair_queue, route_for, sync_engine, sync_tenant
 from scheduler.request_classes import RequestClass
 from tenants.limits import BudgetExhausted, RateLimited, limits_admit, limits_settle
@@ -569,7 +569,7 @@ class _Feeder:
         self, line: BatchLine, request: InferenceRequest, prompt_tokens: int, route: Route
     ) -> bool:
         try:
-            max_tokens = _bounded_max_tokens(request, prompt_tokens, route.engine.max_model_len)
+            max_tokens = bounded_max_tokens(request, prompt_tokens, route.engine.max_model_len)
         except ContextTooLong as exc:
             _finish_unrun(line, 400, exc.code or "context_length_exceeded", exc.message, exc.param)
             return True

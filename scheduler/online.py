@@ -193,7 +193,7 @@ async def count_prompt_tokens(request: InferenceRequest, engine: Engine) -> int:
     return prompt_token_bound(request)
 
 
-def _bounded_max_tokens(request: InferenceRequest, prompt_tokens: int, max_model_len: int) -> int:
+def bounded_max_tokens(request: InferenceRequest, prompt_tokens: int, max_model_len: int) -> int:
     room = max_model_len - prompt_tokens
     if room < 1 or (request.max_tokens is not None and request.max_tokens > room):
         asked = request.max_tokens if request.max_tokens is not None else 1
@@ -212,7 +212,7 @@ def _enqueue(prepared: _Prepared, prompt_tokens: int, received_at: float) -> Adm
 
     api_key, request, route = prepared.api_key, prepared.request, prepared.route
     engine = route.engine
-    max_tokens = _bounded_max_tokens(request, prompt_tokens, engine.max_model_len)
+    max_tokens = bounded_max_tokens(request, prompt_tokens, engine.max_model_len)
     body = {**request.body, "max_tokens": max_tokens}
     body.pop("max_completion_tokens", None)
     admission = limits_admit(tenant=api_key.tenant, estimated_tokens=prompt_tokens + max_tokens)
