@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -54,11 +55,23 @@ def pick_next(queue: FairQueue, pool: str) -> Job | None:
     return None
 
 
-def dispatch_pool(pool: str, *, max_jobs: int = 10_000) -> int:
+# How long one dispatch task keeps its thread before handing the pool's remaining work to a
+# new message: beat tasks (housekeeping, the ledger flush, samplers) share the threads and
+# must get their turn under continuous load.
+DISPATCH_TURN_S = 15.0
+
+
+def dispatch_pool(pool: str, *, max_jobs: int = 10_000, turn_s: float = DISPATCH_TURN_S) -> int:
     """Runs the pool's admissible jobs one after another; returns how many ran."""
+    from workers.tasks import dispatch  # the task module imports this one
+
     queue = fair_queue()
     ran = 0
+    started = time.monotonic()
     while ran < max_jobs:
+        if time.monotonic() - started > turn_s:
+            dispatch.delay(pool)  # the rest of the pool's work, after whatever waits now
+            break
         job = pick_next(queue, pool)
         if job is None:
             break

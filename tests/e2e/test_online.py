@@ -24,7 +24,7 @@ def usage_rows(platform: Platform, slug: str) -> list[dict]:
         "import json; from tenants.models import UsageRecord as U; print(json.dumps(list("
         f"U.objects.filter(tenant__slug='{slug}').values('request_id', 'outcome', "
         "'prompt_tokens', 'completion_tokens', 'request_class', 'model', 'engine', "
-        "'queue_wait_ms', 'ttft_ms', 'latency_ms', 'reserved_unit_seconds'))))"
+        "'queue_wait_ms', 'ttft_ms', 'latency_ms', 'reserved_unit_seconds', 'error_code', 'status_code'))))"
     )
 
 
@@ -201,7 +201,7 @@ def test_a_cancelled_stream_frees_its_reservation(platform_server):
             if line.startswith("data: {"):
                 break  # one chunk, then the client goes away
     rows = wait_for(lambda: usage_rows(platform_server, slug), timeout=60)
-    assert rows[0]["outcome"] == "cancelled"
+    assert rows[0]["outcome"] == "cancelled", rows
     assert rows[0]["completion_tokens"] < 4000
     report = scheduler_check(platform_server)
     assert "no drift" in report, report
