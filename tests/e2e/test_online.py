@@ -24,7 +24,8 @@ def usage_rows(platform: Platform, slug: str) -> list[dict]:
         "import json; from tenants.models import UsageRecord as U; print(json.dumps(list("
         f"U.objects.filter(tenant__slug='{slug}').values('request_id', 'outcome', "
         "'prompt_tokens', 'completion_tokens', 'request_class', 'model', 'engine', "
-        "'queue_wait_ms', 'ttft_ms', 'latency_ms', 'reserved_unit_seconds', 'error_code', 'status_code'))))"
+        "'queue_wait_ms', 'ttft_ms', 'latency_ms', 'reserved_unit_seconds', 'error_code', "
+        "'status_code'))))"
     )
 
 
