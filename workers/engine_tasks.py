@@ -80,7 +80,7 @@ def start_engine(name: str) -> str:
 
 @shared_task(name="workers.engine_stop")
 def stop_engine(name: str) -> str:
-    """Drain the engine (a ready one) and stop its process."""
+    """Drain the engine (its in-flight work ends first) and stop its process."""
     try:
         engine = engine_stop(name=name, on_progress=lambda line: progress_note(name, line))
     except DomainError as exc:
