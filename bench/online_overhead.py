@@ -16,26 +16,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import redis
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from tests.e2e.harness import Database, Platform, free_port  # noqa: E402
+from common import DEFAULT_REDIS_URL, bench_platform, cpu_seconds, percentile
 
 MODEL = "bench-tiny"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -48,27 +39,6 @@ class Round:
     @property
     def throughput(self) -> float:
         return len(self.latencies) / self.wall_s
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process and its reaped children, plus its live children."""
-    total = 0.0
-    for task in [pid, *_children(pid)]:
-        try:
-            fields = Path(f"/proc/{task}/stat").read_text().rsplit(")", 1)[1].split()
-        except FileNotFoundError:
-            continue
-        total += sum(int(v) for v in fields[11:15]) / CLK_TCK  # utime stime cutime cstime
-    return total
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for path in Path(f"/proc/{pid}/task").glob("*/children"):
-        for child in path.read_text().split():
-            found.append(int(child))
-            found.extend(_children(int(child)))
-    return found
 
 
 async def send(url: str, headers: dict[str, str], body: dict, n: int, concurrency: int) -> Round:
@@ -110,6 +80,9 @@ def start_profilers(folder: str, pids: dict[str, int]) -> list[subprocess.Popen[
                 f"{folder}/{name}.json",
                 "--subprocesses",
                 "--nonblocking",
+                "--gil",  # only threads holding the GIL: Python's CPU, not its waits
+                "--rate",
+                "500",
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -118,48 +91,37 @@ def start_profilers(folder: str, pids: dict[str, int]) -> list[subprocess.Popen[
     ]
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2, help="pairs of rounds, alternating")
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/12")
+    parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
+    parser.add_argument(
+        "--idle-s", type=float, default=10.0, help="how long to measure the idle platform"
+    )
     parser.add_argument(
         "--profile", metavar="DIR", help="record py-spy profiles of web and worker into DIR"
     )
     args = parser.parse_args()
 
-    workdir = Path(tempfile.mkdtemp(prefix="gs-bench-"))
-    database = Database(os.environ.get("DATABASE_URL", ""), workdir)
-    redis.Redis.from_url(args.redis_url).flushdb()
-    platform = Platform(workdir, database_url=database.url, redis_url=args.redis_url)
-    engine_port = free_port()
-    try:
-        platform.start()
-        platform.manage("gpus", "discover")
-        engine = ["--units", "4", "--port", str(engine_port), "--max-model-len", "1024"]
-        seqs = ["--max-num-seqs", str(args.concurrency)]
-        platform.manage("engine", "create", MODEL, *engine, *seqs)
-        print("starting the engine (about a minute)...", flush=True)
-        platform.manage("engine", "start", MODEL)
+    with bench_platform(
+        redis_url=args.redis_url, model=MODEL, max_num_seqs=args.concurrency
+    ) as bench:
+        platform = bench.platform
         key = platform.manage_json("tenant", "create", "bench", "--quota-units", "4",
                                    "--burst-units", "0")["api_key"]["key"]  # fmt: skip
         body = {"model": MODEL, "messages": [{"role": "user", "content": "Tell me a story."}],
                 "max_tokens": args.max_tokens, "ignore_eos": True}  # fmt: skip
-        direct_url = f"http://127.0.0.1:{engine_port}/v1/chat/completions"
+        direct_url = f"{bench.engine_url}/v1/chat/completions"
         platform_url = f"{platform.base_url}/v1/chat/completions"
         auth = {"Authorization": f"Bearer {key}"}
-        redis_pid = int(redis.Redis.from_url(args.redis_url).info("server")["process_id"])
-        pids = {name: p.pid for name, p in platform.processes.items()} | {"redis": redis_pid}
+        pids = bench.pids()
 
         asyncio.run(send(platform_url, auth, body, args.concurrency, args.concurrency))  # warm
         asyncio.run(send(direct_url, {}, body, args.concurrency, args.concurrency))
+        idle = idle_cpu_per_s(pids, seconds=args.idle_s)
         direct: list[Round] = []
         through: list[Round] = []
         cpu = dict.fromkeys(pids, 0.0)
@@ -175,12 +137,22 @@ def main() -> None:
             for name, pid in pids.items():
                 cpu[name] += cpu_seconds(pid) - before[name]
         report(direct, through, cpu, args)
-    finally:
-        try:
-            platform.manage("engine", "stop", MODEL)
-        finally:
-            platform.stop()
-            database.drop()
+        wall = sum(r.wall_s for r in through)
+        done = sum(len(r.latencies) for r in through)
+        background = sum(idle.values()) * wall / max(1, done)
+        parts = ", ".join(f"{name} {ms:.1f}" for name, ms in idle.items())
+        print(
+            f"  of which periodic work (beat tasks, telemetry) at its idle rate: "
+            f"{background:.1f} ms  (idle: {parts} ms CPU per second)"
+        )
+
+
+def idle_cpu_per_s(pids: dict[str, int], seconds: float) -> dict[str, float]:
+    """Each process's CPU per second (ms) while no request comes: the periodic work."""
+    time.sleep(2)  # the warm-up's last requests settle
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    time.sleep(seconds)
+    return {name: (cpu_seconds(pid) - before[name]) / seconds * 1000 for name, pid in pids.items()}
 
 
 def report(

@@ -1,7 +1,21 @@
+"""The web's ASGI application: the OpenAI inference endpoints (lean, see
+`scheduler.openai_api.inference_app`) in front of Django, which serves everything else."""
+
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-application = get_asgi_application()
+django_application = get_asgi_application()  # sets Django up: import apps' modules after it
+
+from scheduler.openai_api import INFERENCE_PATHS, inference_app  # noqa: E402
+
+
+# Any: Django's handler and ASGI servers each type the three a little differently.
+async def application(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] == "http" and scope["path"] in INFERENCE_PATHS:
+        await inference_app(scope, receive, send)
+    else:
+        await django_application(scope, receive, send)

@@ -333,18 +333,20 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     return HttpResponse(metrics_text(), content_type=CONTENT_TYPE_LATEST)
 
 
-async def rejection_hook(request: HttpRequest, exc: DomainError) -> None:
+async def rejection_hook(
+    *, authorization: str, request_class: str, endpoint: str, exc: DomainError
+) -> None:
     """Called where the OpenAI API turns a domain error into a response: notes it with one
     Redis HINCRBY (workers.telemetry.rejection_note). Never raises: counting must not
     change the answer."""
     from workers.telemetry import rejection_note
 
     fields: dict[str, Any] = {
-        "authorization": request.headers.get("Authorization", ""),
+        "authorization": authorization,
         "reason": exc.code or type(exc).__name__,
         "status": exc.http_status,
-        "request_class": request.headers.get("X-Request-Class", "").strip().lower(),
-        "endpoint": "chat" if "chat" in request.path else "completions",
+        "request_class": request_class,
+        "endpoint": endpoint,
         "at": time.time(),
     }
     try:

@@ -56,7 +56,7 @@ from scheduler.models import (
     LineState,
 )
 from scheduler.online import ContextTooLong, bounded_max_tokens
-from scheduler.pools import Route, fair_queue, route_for, sync_engine, sync_tenant
+from scheduler.pools import Route, enqueue_resyncing, fair_queue, route_for, sync_tenant
 from scheduler.request_classes import RequestClass
 from tenants.limits import BudgetExhausted, RateLimited, limits_admit, limits_settle
 from tenants.models import ApiKey, Tenant, UsageRecord
@@ -633,13 +633,12 @@ class _Feeder:
         return True
 
     def _enqueue(self, job_fields: dict[str, Any], route: Route) -> None:
-        try:
-            self.queue.enqueue(**job_fields)
-        except JobRejected as exc:
-            if exc.reason != "no_engine":
-                raise
-            sync_engine(route.engine, self.queue)  # it became ready since the last sync
-            self.queue.enqueue(**job_fields)
+        enqueue_resyncing(
+            lambda: self.queue.enqueue(**job_fields),
+            engine=route.engine,
+            tenant=self.batch.tenant,
+            queue=self.queue,
+        )
 
 
 def _finish_unrun(

@@ -219,6 +219,46 @@ def prompt_token_bound(request: InferenceRequest) -> int:
     return total + CHAT_TEMPLATE_OVERHEAD_TOKENS
 
 
+# Added to the byte bound when it stands in for the engine's count: special tokens (BOS, a
+# tokenizer's leading space) and what a chat template adds besides its per-message markers
+# (Llama 3's dated system header is ~25 tokens).
+BOUND_MARGIN_TOKENS = 64
+# Body fields that do not change the prompt the engine builds. Anything else (tools,
+# documents, a chat template of the request's own, ...) can add tokens the bound does not
+# see, so such a request is counted by the engine.
+PROMPT_NEUTRAL_FIELDS = frozenset({
+    "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "stream",
+    "stream_options", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "ignore_eos",
+    "min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty", "user",
+    "logprobs", "top_logprobs", "logit_bias", "response_format", "n",
+})  # fmt: skip
+
+
+def bounded_prompt_tokens(request: InferenceRequest, max_model_len: int, limit: int) -> int | None:
+    """A safe stand-in for the engine's count of the prompt, or None when only the engine
+    can say: the byte bound plus a margin, for short text prompts (bound <= `limit`) of a
+    request that asks for `max_tokens` and fits the model's length even counted so. The KV
+    reserved is then a little more than needed; the real tokens are charged at the end."""
+    if request.max_tokens is None or not set(request.body) <= PROMPT_NEUTRAL_FIELDS:
+        return None
+    if request.endpoint == "chat" and not all(
+        _text_only(m.get("content")) for m in request.body["messages"]
+    ):
+        return None
+    bound = prompt_token_bound(request)
+    if bound > limit or bound + BOUND_MARGIN_TOKENS + request.max_tokens > max_model_len:
+        return None
+    return bound + BOUND_MARGIN_TOKENS
+
+
+def _text_only(content: Any) -> bool:
+    if content is None or isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") == "text" for part in content
+    )
+
+
 def _content_bytes(content: Any) -> int:
     if isinstance(content, str):
         return len(content.encode("utf-8"))

@@ -3,8 +3,8 @@
     authenticate -> validate -> route to a pool -> count the prompt (the engine's /tokenize)
     -> bound max_tokens by the model's length -> KV cost -> rate limits -> enqueue -> wait
 
-The waiting side is asynchronous (an ASGI view holds no thread while a request waits in
-the queue or streams); the database work before enqueueing runs in Django's sync thread.
+The waiting side is asynchronous (no thread is held while a request waits in the queue or
+streams); the database and queue work before that runs in a thread pool.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import logging
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+import redis
 import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -31,18 +32,20 @@ from config.ttlcache import TtlCache
 from scheduler.fairqueue.domain import Job, JobRejected, JobState
 from scheduler.inference import (
     InferenceRequest,
+    bounded_prompt_tokens,
     prompt_token_bound,
     tokenize_request_body,
 )
 from scheduler.kvcost import kv_cost_bytes
 from scheduler.models import Engine
-from scheduler.pools import Route, fair_queue, route_for, sync_engine, sync_tenant
+from scheduler.pools import Route, enqueue_resyncing, fair_queue, route_for, sync_tenant
 from tenants.auth import authenticate_bearer
 from tenants.limits import limits_admit
 from tenants.models import ApiKey
 from tenants.usage_buffer import usage_push
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class BadRequest(DomainError):
@@ -105,9 +108,8 @@ class _Prepared:
     route: Route
 
 
-def check_body_size(content_length: str | None, body: bytes | None = None) -> None:
+def check_body_size(size: int) -> None:
     limit = settings.GPUSHARE_MAX_BODY_BYTES
-    size = len(body) if body is not None else int(content_length or 0)
     if size > limit:
         raise RequestTooLarge(f"The request body is {size} bytes; the limit is {limit} bytes.")
 
@@ -159,6 +161,14 @@ _loop_clients: weakref.WeakKeyDictionary[
 ] = weakref.WeakKeyDictionary()
 
 
+# How long the web's client waits for any reply of Redis. The waits for a job's events are
+# bounded by BLPOP's own 1 s; this only catches a connection that died silently. It must be
+# far above any stall of the process: a BLPOP reply that arrives while the process is stalled
+# past the read timeout is lost (Redis popped the event, the client drops the connection),
+# and redis-py 8's default is 5 s, which a machine busy with CPU engines reaches.
+EVENTS_READ_TIMEOUT_S = 60.0
+
+
 def _loop_state() -> tuple[httpx.AsyncClient, aioredis.Redis]:
     """An HTTP client and a Redis client for the running event loop, made once: a new HTTP
     client costs tens of ms of CPU (TLS context), a new Redis client a new connection."""
@@ -166,7 +176,14 @@ def _loop_state() -> tuple[httpx.AsyncClient, aioredis.Redis]:
     state = _loop_clients.get(loop)
     if state is None:
         http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=64))
-        events = aioredis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+        # Each waiting request holds a connection in BLPOP: the pool must have room for all
+        # of them (redis-py's default, 100, failed requests beyond the hundredth).
+        events = aioredis.Redis.from_url(
+            settings.REDIS_URL,
+            decode_responses=True,
+            max_connections=settings.GPUSHARE_MAX_WAITING_REQUESTS,
+            socket_timeout=EVENTS_READ_TIMEOUT_S,
+        )
         state = _loop_clients[loop] = (http, events)
     return state
 
@@ -175,12 +192,26 @@ def _loop_http() -> httpx.AsyncClient:
     return _loop_state()[0]
 
 
-async def count_prompt_tokens(request: InferenceRequest, engine: Engine) -> int:
-    """The prompt's tokens as the engine counts them (chat template included); the UTF-8
-    bound if the engine cannot say. Token-id prompts are their own count."""
+def known_prompt_tokens(request: InferenceRequest, engine: Engine) -> int | None:
+    """The prompt's tokens when no engine needs to count them: token-id prompts are their
+    own count; a short text prompt's byte bound plus a margin stands in for its count (see
+    `bounded_prompt_tokens`). None: ask the engine (`count_prompt_tokens`)."""
     prompt = request.body.get("prompt")
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         return len(prompt)
+    limit = settings.GPUSHARE_COUNT_PROMPTS_ABOVE_TOKENS
+    return bounded_prompt_tokens(request, engine.max_model_len, limit)
+
+
+async def count_prompt_tokens(request: InferenceRequest, engine: Engine) -> int:
+    """The prompt's tokens as the engine counts them (chat template included); the UTF-8
+    bound if the engine cannot say. Only long prompts are sent to the engine (see
+    `known_prompt_tokens`): under load the engine's answer queues behind every other
+    request's, first come first served, in front of the fair queue; a flood of one tenant
+    then delayed everyone's admission, and the engine's CPU went to counting."""
+    known = known_prompt_tokens(request, engine)
+    if known is not None:
+        return known
     try:
         response = await _loop_http().post(
             f"{engine.base_url}/tokenize", json=tokenize_request_body(request), timeout=5.0
@@ -247,19 +278,16 @@ def _enqueue(prepared: _Prepared, prompt_tokens: int, received_at: float) -> Adm
         "job_id": job_id,
     }
     try:
-        try:
-            job = queue.enqueue(**job_fields)
-        except JobRejected as exc:
-            if exc.reason not in ("no_engine", "unknown_tenant"):
-                raise
-            # The queue has not heard of the engine or the tenant yet (it became ready since
-            # the last sync; Redis restarted): tell it, and try once more.
-            sync_engine(engine, queue)
-            sync_tenant(api_key.tenant, queue)
-            job = queue.enqueue(**job_fields)
+        job, summon = enqueue_resyncing(
+            lambda: queue.enqueue_summoning(**job_fields),
+            engine=engine,
+            tenant=api_key.tenant,
+            queue=queue,
+        )
     except JobRejected as exc:
         raise _rejection(exc) from None
-    dispatch.delay(route.pool)
+    if summon:  # no dispatch loop was waiting for work: start one
+        dispatch.delay(route.pool)
     return Admitted(job, request, api_key.tenant_id, api_key.pk, received_at)
 
 
@@ -279,29 +307,54 @@ def _rejection(exc: JobRejected) -> DomainError:
 
 
 async def admit(*, authorization: str, request: InferenceRequest, class_header: str) -> Admitted:
+    """Admission in one trip to a thread, or two when the engine must count the prompt
+    (each trip hands the GIL between threads twice: a measurable share of the web's CPU)."""
     received_at = time.time()
-    prepared = await sync_to_async(_prepare)(authorization, request, class_header)
-    prompt_tokens = await count_prompt_tokens(request, prepared.route.engine)
-    return await sync_to_async(_enqueue_and_let_go)(prepared, prompt_tokens, received_at)
+    step = await _in_thread(_prepare_and_enqueue, authorization, request, class_header, received_at)
+    if isinstance(step, Admitted):
+        return step
+    prompt_tokens = await count_prompt_tokens(request, step.route.engine)
+    return await _in_thread(_enqueue, step, prompt_tokens, received_at)
 
 
-def _enqueue_and_let_go(prepared: _Prepared, prompt_tokens: int, received_at: float) -> Admitted:
-    """Enqueue, then hand the database connection back to the pool: the request may now wait
-    and stream for minutes without needing it, and holding one per waiting request would
-    exhaust the pool under load."""
-    try:
-        return _enqueue(prepared, prompt_tokens, received_at)
-    finally:
-        connection.close()
+def _prepare_and_enqueue(
+    authorization: str, request: InferenceRequest, class_header: str, received_at: float
+) -> Admitted | _Prepared:
+    """Admits the request when its prompt needs no counting by the engine; else returns
+    what was prepared, for `count_prompt_tokens` and then `_enqueue`."""
+    prepared = _prepare(authorization, request, class_header)
+    prompt_tokens = known_prompt_tokens(request, prepared.route.engine)
+    if prompt_tokens is None:
+        return prepared
+    return _enqueue(prepared, prompt_tokens, received_at)
+
+
+async def _in_thread(work: Callable[..., _T], *args: Any) -> _T:
+    """Database and queue work of admission, in a thread of the loop's pool (concurrent
+    requests are admitted side by side). The thread hands its database connection back to
+    the pool when done: the request may now wait and stream for minutes without it, and
+    holding one per waiting request would exhaust the pool under load."""
+
+    def run() -> _T:
+        try:
+            return work(*args)
+        finally:
+            connection.close()
+
+    return await sync_to_async(run, thread_sensitive=False)()
 
 
 # Events that end a job's story for its waiter.
 FINAL_EVENTS = frozenset({"done", "error", "expired", "cancelled"})
 
 
-async def follow(admitted: Admitted) -> AsyncIterator[dict[str, Any]]:
+async def follow(
+    admitted: Admitted, client_gone: asyncio.Event | None = None
+) -> AsyncIterator[dict[str, Any]]:
     """The job's events for its current run, in order, until a final one. A run that was
-    requeued yields a ``requeued`` event; its leftovers are skipped after that."""
+    requeued yields a ``requeued`` event; its leftovers are skipped after that. Ends with
+    CancelledError once `client_gone` is set (within a second: the wait's timeout), so the
+    caller's clean-up cancels the job even if the task's own cancellation was lost."""
     queue = fair_queue()
     key = queue.keys.events(admitted.job.job_id)
     generate_s = float(settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S)
@@ -309,7 +362,15 @@ async def follow(admitted: Admitted) -> AsyncIterator[dict[str, Any]]:
     last_event = time.time()
     client = _loop_state()[1]  # BLPOP holds one of its pooled connections while it waits
     while True:
-        answer = await client.blpop([key], timeout=1)
+        try:
+            answer = await client.blpop([key], timeout=1)
+        except redis.TimeoutError:
+            # redis-py's own read timeout (5 s by default) ran out: the machine stalled (a CPU
+            # engine starting can freeze two cores for seconds). Not news, and not a reason
+            # to fail the request: the checks below decide when waiting is over.
+            answer = None
+        if client_gone is not None and client_gone.is_set():
+            raise asyncio.CancelledError
         now = time.time()
         if answer is None:
             _check_still_coming(admitted, attempt, now - last_event, generate_s)

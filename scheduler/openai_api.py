@@ -1,23 +1,30 @@
 """The OpenAI-compatible API: models, chat completions and completions.
 
-Chat and completions are async views: a request waits in the fair queue and then streams,
-and an async view holds no thread meanwhile. Errors are OpenAI-shaped, always.
+Chat and completions are a lean ASGI app that `config/asgi.py` puts in front of Django for
+those two paths (`inference_app`): a request waits in the fair queue and then streams, and
+holds no thread meanwhile. They skip Django's request handling on purpose: Django runs each
+middleware that is not natively async (sessions, CSRF, auth, messages, ...) through a hop to
+a thread and back, in a thread made for each request, and closes each response through one
+more; on this path that was most of the web's CPU per request (bench/online_overhead.py,
+README "Measurements"), for middleware a bearer-key JSON API does not use. The database work
+of admission runs in a thread pool (`scheduler.online`); everything else is async.
+
+`/v1/models` stays a DRF view. Errors are OpenAI-shaped, always.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
-from functools import wraps
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
 from django.db import DatabaseError
-from django.http import HttpRequest, HttpResponseBase, JsonResponse, StreamingHttpResponse
-from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -33,8 +40,15 @@ from tenants.auth import TenantApiView
 
 log = logging.getLogger(__name__)
 
-View = Callable[[HttpRequest], Coroutine[Any, Any, HttpResponseBase]]
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
 
+INFERENCE_PATHS: dict[str, Endpoint] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+}
 
 # Redis (the queue) or the database not answering: the client can retry, so 503, never 500.
 DEPENDENCY_ERRORS: tuple[type[Exception], ...] = (redis.RedisError, DatabaseError)
@@ -54,72 +68,172 @@ class MethodNotAllowed(DomainError):
     code = "method_not_allowed"
 
 
-def error_response(exc: DomainError) -> JsonResponse:
+@dataclass
+class Reply:
+    """An HTTP answer: a whole body, or a stream of server-sent events."""
+
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    stream: AsyncGenerator[bytes, None] | None = None
+
+
+def json_reply(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Reply:
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    return Reply(status, {"Content-Type": "application/json", **(headers or {})}, body)
+
+
+def error_reply(exc: DomainError) -> Reply:
     body = openai_error_body(exc.message, exc.error_type, exc.code, exc.param)
-    response = JsonResponse(body, status=exc.http_status)
-    for name, value in exc.headers.items():
-        response[name] = value
-    return response
+    return json_reply(body, exc.http_status, exc.headers)
 
 
-def openai_endpoint(view: View) -> View:
-    """POST only, no CSRF (bearer keys, not cookies), domain errors as OpenAI errors."""
-
-    @wraps(view)
-    async def wrapper(request: HttpRequest) -> HttpResponseBase:
-        if request.method != "POST":
-            return error_response(MethodNotAllowed(f"{request.method} is not allowed; use POST."))
-        try:
-            return await view(request)
-        except InvalidRequest as exc:
-            return error_response(online.BadRequest(exc.message, param=exc.param, code=exc.code))
-        except DomainError as exc:
-            await rejection_hook(request, exc)
-            return error_response(exc)
-        except DEPENDENCY_ERRORS as exc:
-            return error_response(dependency_down(exc))
-
-    return csrf_exempt(wrapper)
+# --- the ASGI side ------------------------------------------------------------------------
 
 
-async def _inference(request: HttpRequest, endpoint: Endpoint) -> HttpResponseBase:
-    online.check_body_size(request.META.get("CONTENT_LENGTH"))
-    body = request.body
-    online.check_body_size(None, body)
-    parsed = parse_inference_request(endpoint, online.parse_json_body(body))
-    admitted = await online.admit(
-        authorization=request.headers.get("Authorization", ""),
-        request=parsed,
-        class_header=request.headers.get("X-Request-Class", "").strip().lower(),
-    )
-    if parsed.stream:
-        response = StreamingHttpResponse(_sse(admitted), content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"  # proxies must not hold the stream back
-        response["X-Request-Id"] = admitted.job.job_id
-        return response
-    return await _whole(admitted)
+async def inference_app(scope: Scope, receive: Receive, send: Send) -> None:
+    """POST /v1/chat/completions and /v1/completions. A client that goes away cancels its
+    request: its job leaves the queue, or its engine stops generating for nobody."""
+    endpoint = INFERENCE_PATHS[scope["path"]]
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    if scope["method"] != "POST":
+        method = scope["method"]
+        await _send_reply(
+            send, error_reply(MethodNotAllowed(f"{method} is not allowed; use POST."))
+        )
+        return
+    try:
+        body = await _read_body(receive, headers.get("content-length"))
+    except online.RequestTooLarge as exc:
+        await _send_reply(send, error_reply(exc))
+        return
+    if body is None:  # the client left before it finished sending: nobody to answer
+        return
+    client_gone = asyncio.Event()
+    answer = asyncio.ensure_future(_answer(endpoint, body, headers, send, client_gone))
+    gone = asyncio.ensure_future(_disconnected(receive))
+    await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if not answer.done():  # the client left first: stop waiting or streaming for it
+        # Cancelling the task alone is not enough: redis-py's asyncio client can swallow a
+        # cancellation that lands during a blocking read (seen with BLPOP, redis 8.1), and
+        # the relay then ran to the end for nobody. The flag stops it at its next event.
+        client_gone.set()
+        answer.cancel()
+    gone.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await answer
 
 
-async def _whole(admitted: online.Admitted) -> HttpResponseBase:
+async def _read_body(receive: Receive, content_length: str | None) -> bytes | None:
+    """The whole body, or None when the client disconnected first. A declared length over
+    the limit is refused before reading; an undeclared one as soon as it passes the limit.
+    (The ASGI server has checked that Content-Length is a number.)"""
+    online.check_body_size(int(content_length or 0))
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        online.check_body_size(size)
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(parts)
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _answer(
+    endpoint: Endpoint,
+    body: bytes,
+    headers: Mapping[str, str],
+    send: Send,
+    client_gone: asyncio.Event,
+) -> None:
+    await _send_reply(send, await inference(endpoint, body, headers, client_gone))
+
+
+async def _send_reply(send: Send, reply: Reply) -> None:
+    headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in reply.headers.items()]
+    headers.append((b"x-content-type-options", b"nosniff"))
+    if reply.stream is None:
+        headers.append((b"content-length", str(len(reply.body)).encode()))
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    if reply.stream is None:
+        await send({"type": "http.response.body", "body": reply.body})
+        return
+    try:
+        async for chunk in reply.stream:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+    finally:  # also when cancelled between two chunks: the stream's cleanup runs now
+        await reply.stream.aclose()
+
+
+# --- the request, whatever serves it -----------------------------------------------------
+
+
+async def inference(
+    endpoint: Endpoint, body: bytes, headers: Mapping[str, str], client_gone: asyncio.Event
+) -> Reply:
+    """Admits one chat or completion request and answers it (or starts its stream);
+    `client_gone` stops the waiting or the stream (see `online.follow`)."""
+    try:
+        parsed = parse_inference_request(endpoint, online.parse_json_body(body))
+        admitted = await online.admit(
+            authorization=headers.get("authorization", ""),
+            request=parsed,
+            class_header=headers.get("x-request-class", "").strip().lower(),
+        )
+        if parsed.stream:
+            return Reply(
+                200,
+                {
+                    "Content-Type": "text/event-stream",
+                    "Cache-Control": "no-cache",
+                    "X-Accel-Buffering": "no",  # proxies must not hold the stream back
+                    "X-Request-Id": admitted.job.job_id,
+                },
+                stream=_sse(admitted, client_gone),
+            )
+        return await _whole(admitted, client_gone)
+    except InvalidRequest as exc:
+        return error_reply(online.BadRequest(exc.message, param=exc.param, code=exc.code))
+    except DomainError as exc:
+        await rejection_hook(
+            authorization=headers.get("authorization", ""),
+            request_class=headers.get("x-request-class", "").strip().lower(),
+            endpoint=endpoint,
+            exc=exc,
+        )
+        return error_reply(exc)
+    except DEPENDENCY_ERRORS as exc:
+        return error_reply(dependency_down(exc))
+
+
+async def _whole(admitted: online.Admitted, client_gone: asyncio.Event) -> Reply:
     finished = False
     try:
-        async for event in online.follow(admitted):
+        async for event in online.follow(admitted, client_gone):
             kind = event["event"]
             if kind == "done":
                 finished = True
-                response = JsonResponse(event["body"])
-                response["X-Request-Id"] = admitted.job.job_id
-                return response
+                return json_reply(event["body"], headers={"X-Request-Id": admitted.job.job_id})
             if kind == "error":
                 finished = True
-                return JsonResponse(event["body"], status=int(event.get("status", 500)))
+                return json_reply(event["body"], int(event.get("status", 500)))
             if kind == "expired":
                 finished = True
-                return error_response(online.expired_error(admitted))
+                return error_reply(online.expired_error(admitted))
             if kind == "cancelled":
                 finished = True
-                return error_response(online.Unavailable("The request was cancelled."))
+                return error_reply(online.Unavailable("The request was cancelled."))
         raise online.Unavailable("The request ended without an answer.")
     finally:
         if not finished:
@@ -130,13 +244,15 @@ def _sse_data(payload: Any) -> bytes:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
-async def _sse(admitted: online.Admitted) -> AsyncIterator[bytes]:
+async def _sse(
+    admitted: online.Admitted, client_gone: asyncio.Event
+) -> AsyncGenerator[bytes, None]:
     """The engine's chunks as OpenAI SSE, ending with `data: [DONE]`. A run that is lost
     after chunks were sent cannot be resumed invisibly: the stream ends with an error."""
     finished = False
     sent_chunks = 0  # chunks with content the client has (about one token each)
     try:
-        async for event in online.follow(admitted):
+        async for event in online.follow(admitted, client_gone):
             kind = event["event"]
             if kind == "chunk":
                 chunk = _client_chunk(event["data"], admitted.request.include_usage)
@@ -193,16 +309,6 @@ def _event_error(admitted: online.Admitted, event: dict[str, Any]) -> dict[str, 
         exc = online.expired_error(admitted)
         return openai_error_body(exc.message, exc.error_type, exc.code)
     return _stream_error("The request was cancelled.", "cancelled")
-
-
-@openai_endpoint
-async def chat_completions(request: HttpRequest) -> HttpResponseBase:
-    return await _inference(request, "chat")
-
-
-@openai_endpoint
-async def completions(request: HttpRequest) -> HttpResponseBase:
-    return await _inference(request, "completions")
 
 
 class ModelOutput(serializers.Serializer[Any]):

@@ -12,13 +12,20 @@ served model, or one tenant's dedicated engines of it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import TypeVar
 
 from django.conf import settings
 
 from config.redis import redis_client
-from scheduler.fairqueue.domain import EnginePolicy, TenantPolicy, config_from_settings
+from scheduler.fairqueue.domain import (
+    EnginePolicy,
+    JobRejected,
+    TenantPolicy,
+    config_from_settings,
+)
 from scheduler.fairqueue.queue import FairQueue
 from scheduler.kvcost import kv_bytes_per_token
 from scheduler.models import Engine, EngineStatus
@@ -27,6 +34,8 @@ from scheduler.units import units_to_bytes
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @cache
@@ -92,6 +101,22 @@ def sync_engine(engine: Engine, queue: FairQueue | None = None) -> None:
     )
 
 
+def enqueue_resyncing(
+    enqueue: Callable[[], T], *, engine: Engine, tenant: Tenant, queue: FairQueue
+) -> T:
+    """Runs `enqueue`; when the queue has not heard of the engine or the tenant (the engine
+    became ready since the last sync; Redis lost its data, even between a caller's own sync
+    and this call), tells it both and tries once more."""
+    try:
+        return enqueue()
+    except JobRejected as exc:
+        if exc.reason not in ("no_engine", "unknown_tenant"):
+            raise
+    sync_engine(engine, queue)
+    sync_tenant(tenant, queue)
+    return enqueue()
+
+
 def sync_all_engines(queue: FairQueue | None = None) -> int:
     queue = queue or fair_queue()
     known = {str(e) for e in queue.redis.smembers(queue.keys.engines())}
@@ -122,17 +147,3 @@ def route_for(*, tenant: Tenant, served_model_name: str) -> Route | None:
     dedicated = [e for e in ready if e.dedicated_tenant_id == tenant.pk]
     engine = (dedicated or ready)[0]
     return Route(engine_pool(engine), engine, model_kv_bytes_per_token(engine.model_path))
-
-
-def engines_to_pick_for(pool: str, queue: FairQueue | None = None) -> list[str]:
-    """The pool's engines, most free KV first (ties: fewest in flight): a job goes where
-    it has the most room."""
-    queue = queue or fair_queue()
-    engines = sorted(str(e) for e in queue.redis.smembers(queue.keys.pool_engines(pool)))
-    room: list[tuple[int, int, str]] = []
-    for engine_id in engines:
-        budget = int(queue.redis.hget(queue.keys.engine(engine_id), "kv_budget_bytes") or 0)
-        usage = queue.redis.hgetall(queue.keys.engine_usage(engine_id))
-        free = budget - int(usage.get("reserved", 0))
-        room.append((-free, int(usage.get("inflight", 0)), engine_id))
-    return [engine_id for _, _, engine_id in sorted(room)]

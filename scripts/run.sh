@@ -35,8 +35,7 @@ say "Starting a Celery worker (log: var/log/worker.log)"
   --loglevel INFO >"$LOG_DIR/worker.log" 2>&1 &
 children+=($!)
 say "Starting Celery beat (log: var/log/beat.log)"
-"$VENV/bin/celery" -A config beat --loglevel INFO \
-  --schedule "$REPO_ROOT/var/celerybeat-schedule" >"$LOG_DIR/beat.log" 2>&1 &
+"$VENV/bin/celery" -A config beat --loglevel INFO >"$LOG_DIR/beat.log" 2>&1 &
 children+=($!)
 
 say "Registering this machine's devices and the demo engine"

@@ -107,9 +107,13 @@ def tenant_delete(*, tenant: Tenant) -> None:
 
 
 @transaction.atomic
-def api_key_create(
-    *, tenant: Tenant, name: str, default_class: str = RequestClass.STANDARD
-) -> IssuedKey:
+def api_key_create(*, tenant: Tenant, name: str, default_class: str = "") -> IssuedKey:
+    """A new key; its default class is `standard`, or the tenant's first allowed class
+    when `standard` is not allowed, unless one is given."""
+    if not default_class:
+        allowed = tenant.allowed_classes
+        standard = RequestClass.STANDARD
+        default_class = standard if tenant.allows_class(standard) or not allowed else allowed[0]
     material = new_key_material()
     api_key = ApiKey(
         tenant=tenant,

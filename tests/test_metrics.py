@@ -18,6 +18,7 @@ from scheduler.pools import fair_queue
 from scheduler.units import UNIT_BYTES
 from tenants.models import Tenant, UsageRecord
 from tenants.services import IssuedKey
+from tests.asgi import asgi_request
 from tests.workers.test_telemetry import FakeNvml, StubEngine, make_engine, register, reserve
 from workers.telemetry import rejection_note, telemetry_sample
 
@@ -152,17 +153,16 @@ def test_an_engine_that_should_run_but_does_not_is_down(redis_db, stub_engine: S
     assert "gpushare_engine_up" not in scrape()
 
 
+@pytest.mark.django_db(transaction=True)  # admission reads the key in another thread
 def test_refused_openai_requests_are_counted_by_tenant_reason_and_status(
     redis_db, owner_key: IssuedKey
 ):
-    client = Client()
     body = {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}
     bearer = {"Authorization": f"Bearer {owner_key.raw_key}"}
-    response = client.post("/v1/chat/completions", body, content_type="application/json",
-                           headers=bearer)  # fmt: skip
+    response = asgi_request("POST", "/v1/chat/completions", json=body, headers=bearer)
     assert response.status_code == 404
-    response = client.post("/v1/chat/completions", body, content_type="application/json",
-                           headers={"Authorization": "Bearer gs-wrong"})  # fmt: skip
+    response = asgi_request("POST", "/v1/chat/completions", json=body,
+                            headers={"Authorization": "Bearer gs-wrong"})  # fmt: skip
     assert response.status_code == 401
     telemetry_sample(check_engines=False)
     samples = scrape()

@@ -1,8 +1,13 @@
 """A worker thread's loop: pick the fairest admissible job of a pool, run it, record it.
 
 One `dispatch(pool)` task keeps its thread busy while the pool has admissible work, so a job
-that ends makes room for the next one without waiting for a new message; the housekeeping
-beat kicks pools that still have waiting work, in case a message was lost.
+that ends makes room for the next one without waiting for a new message. With nothing to
+run, the loop waits a moment (`loop_idle_s`) to be woken by new work before it ends: the web
+then hands a request to a waiting loop through Redis instead of sending a Celery message
+(a message costs the web and the worker more CPU than the rest of the request's handling;
+bench/online_overhead.py). A loop summoned by a message fans out: if more work waits and no
+loop is idle, it summons the next one. The housekeeping beat kicks pools that still have
+waiting work, in case a message or a wake-up was lost.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,10 +24,10 @@ from config.ttlcache import TtlCache
 from scheduler.batches import batch_line_finished
 from scheduler.engines.client import EngineClient
 from scheduler.engines.supervisor import engine_client
-from scheduler.fairqueue.domain import Job
+from scheduler.fairqueue.domain import DispatchLoop, Job
 from scheduler.fairqueue.queue import FairQueue
 from scheduler.models import Engine
-from scheduler.pools import engines_to_pick_for, fair_queue
+from scheduler.pools import fair_queue
 from scheduler.units import UNIT_BYTES
 from tenants.limits import Admission, limits_settle
 from tenants.usage_buffer import usage_push
@@ -47,50 +53,95 @@ def _client_for(engine: Engine) -> EngineClient:
         return client
 
 
-def pick_next(queue: FairQueue, pool: str) -> Job | None:
-    for engine_id in engines_to_pick_for(pool, queue):
-        job = queue.pick(pool, engine_id)
-        if job is not None:
-            return job
-    return None
-
-
 # How long one dispatch task keeps its thread before handing the pool's remaining work to a
 # new message: beat tasks (housekeeping, the ledger flush, samplers) share the threads and
 # must get their turn under continuous load.
 DISPATCH_TURN_S = 15.0
 
 
-def dispatch_pool(pool: str, *, max_jobs: int = 10_000, turn_s: float = DISPATCH_TURN_S) -> int:
-    """Runs the pool's admissible jobs one after another; returns how many ran."""
-    from workers.tasks import dispatch  # the task module imports this one
-
+def dispatch_pool(pool: str, *, turn_s: float = DISPATCH_TURN_S) -> int:
+    """Runs the pool's admissible jobs one after another; returns how many ran. Each job's
+    release and the next pick are one step (one round trip to Redis); the ledger row of the
+    job that ended is written after that, so the next job does not wait for it. With nothing
+    admissible, waits for work (see the module docstring) until the turn is over."""
     queue = fair_queue()
+    loop = DispatchLoop(token=uuid.uuid4().hex)
+    turn_ends = time.monotonic() + turn_s
     ran = 0
-    started = time.monotonic()
-    while ran < max_jobs:
-        if time.monotonic() - started > turn_s:
-            dispatch.delay(pool)  # the rest of the pool's work, after whatever waits now
-            break
-        job = pick_next(queue, pool)
-        if job is None:
-            break
-        run_picked(queue, job)
-        ran += 1
+    try:
+        job = queue.pick(pool, loop=loop)
+        while True:
+            while job is not None:
+                _summon_if_asked(loop, pool)
+                job = _run_one(queue, job, pool, loop, turn_ends)
+                ran += 1
+            # Nothing to run: the pick registered this loop as idle.
+            if time.monotonic() > turn_ends:
+                break
+            if not queue.wait_for_work(pool, loop, queue.config.loop_idle_s):
+                return ran
+            job = queue.pick(pool, loop=loop)
+    except BaseException:
+        _leave(queue, pool, loop)  # a wake-up must not go to a loop that is gone
+        raise
+    _leave(queue, pool, loop)
     return ran
 
 
+def _leave(queue: FairQueue, pool: str, loop: DispatchLoop) -> None:
+    try:
+        woken = queue.stop_waiting(pool, loop)
+    except Exception:  # Redis away: the idle entry expires by itself
+        log.warning("dispatch loop %s could not leave the idle loops", loop.token, exc_info=True)
+        return
+    if woken:  # woken while leaving: its work needs a loop
+        _summon(pool)
+
+
+def _run_one(
+    queue: FairQueue, job: Job, pool: str, loop: DispatchLoop, turn_ends: float
+) -> Job | None:
+    """Runs `job`, releases it and (unless the turn is over) picks the next one, which it
+    returns; records the job that ran."""
+    result = run_picked(queue, job)
+    used = (result.prompt_tokens, result.completion_tokens)
+    next_job = None
+    if time.monotonic() > turn_ends:
+        queue.release(job.job_id, *used, attempt=job.attempt)
+        _summon(pool)  # the rest of the pool's work, after whatever waits now
+    else:
+        next_job = queue.release_and_pick(job, *used, pool=pool, loop=loop)[1]
+    try:
+        if result.outcome != "requeued":
+            settle_and_record(job, result)
+    except Exception:
+        if next_job is not None:  # not started: give it back rather than leave it leased
+            queue.requeue(next_job.job_id, attempt=next_job.attempt, reason="worker_error")
+        raise
+    return next_job
+
+
+def _summon_if_asked(loop: DispatchLoop, pool: str) -> None:
+    if loop.summon_next:  # more work waits and no loop is idle: start the next loop
+        loop.summon_next = False
+        _summon(pool)
+
+
+def _summon(pool: str) -> None:
+    from workers.tasks import dispatch  # the task module imports this one
+
+    dispatch.delay(pool)
+
+
 def run_picked(queue: FairQueue, job: Job) -> RunResult:
+    """Runs a picked job on its engine; the caller releases it (see `run_job`)."""
     engine = _engines.get_or_compute(
         job.engine_id, lambda: Engine.objects.filter(name=job.engine_id).first()
     )
     if engine is None:  # removed while the job waited: give it back for another engine
         queue.requeue(job.job_id, attempt=job.attempt, reason="engine_removed")
         return RunResult(outcome="requeued")
-    result = run_job(queue, job, _client_for(engine))
-    if result.outcome != "requeued":
-        settle_and_record(job, result)
-    return result
+    return run_job(queue, job, _client_for(engine))
 
 
 def settle_and_record(job: Job, result: RunResult) -> None:

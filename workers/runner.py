@@ -2,10 +2,10 @@
 
 A worker thread asks the fair queue for the fairest admissible job of a pool (the queue has
 already reserved its KV memory and leased it to us), runs it against the engine it was picked
-for, relays what the engine says through the job's event list, then releases the reservation
-with the real token counts. However the job ends, it is released exactly once: `release` is
-idempotent, and a job whose lease we lost (we were too slow, or it was cancelled) is not ours
-to finish any more.
+for and relays what the engine says through the job's event list. The caller then releases
+the reservation with the real token counts (the dispatch loop does it together with its next
+pick). However the job ends, it is released exactly once: `release` is idempotent, and a job
+whose lease we lost (we were too slow, or it was cancelled) is not ours to finish any more.
 
 Events the waiter reads (each with the `attempt` it belongs to, so a stale run's words are
 ignored after a requeue): ``chunk`` (one streamed chunk from the engine), ``done`` (the
@@ -54,36 +54,81 @@ class RunResult:
     error_body: dict[str, Any] | None = None
 
 
+class _Renewals:
+    """One thread per process renews the leases of every job its threads run (a thread per
+    job would cost a thread start for each), each a third of its lease after the last. A job
+    whose lease cannot be renewed any more (cancelled, or reaped because we were presumed
+    dead) gets its `lost` flag set."""
+
+    TICK_S = 0.5
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # job id -> (queue, job, lost flag, when its lease is due for renewal)
+        self._leases: dict[str, tuple[FairQueue, Job, threading.Event, float]] = {}
+        self._thread: threading.Thread | None = None
+
+    def add(self, queue: FairQueue, job: Job, lost: threading.Event) -> None:
+        with self._lock:
+            self._leases[job.job_id] = (queue, job, lost, self._due(queue))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="lease-renewals", daemon=True
+                )
+                self._thread.start()
+
+    def remove(self, job_id: str) -> None:
+        with self._lock:
+            self._leases.pop(job_id, None)
+
+    @staticmethod
+    def _due(queue: FairQueue) -> float:
+        return time.monotonic() + max(0.5, queue.config.lease_s / 3)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.TICK_S)
+            now = time.monotonic()
+            with self._lock:
+                due = [lease for lease in self._leases.values() if lease[3] <= now]
+            for queue, job, lost, _ in due:
+                self._renew(queue, job, lost)
+
+    def _renew(self, queue: FairQueue, job: Job, lost: threading.Event) -> None:
+        try:
+            still_leased = queue.renew_lease(job.job_id, job.attempt)
+        except Exception:  # Redis briefly away: keep trying until the lease runs out
+            log.warning("could not renew the lease of job %s", job.job_id, exc_info=True)
+            return
+        with self._lock:
+            if job.job_id not in self._leases:
+                return  # the job ended meanwhile
+            if still_leased:
+                self._leases[job.job_id] = (queue, job, lost, self._due(queue))
+            else:
+                lost.set()
+                del self._leases[job.job_id]
+
+
+_renewals = _Renewals()
+
+
 class LeaseKeeper:
-    """Renews the job's lease while it runs; `lost` tells the runner to stop (the job was
-    cancelled, or reaped because we were presumed dead)."""
+    """Keeps the job's lease renewed while it runs; `lost` tells the runner to stop (the job
+    was cancelled, or reaped because we were presumed dead)."""
 
     def __init__(self, queue: FairQueue, job: Job) -> None:
         self._queue, self._job = queue, job
-        self._stop = threading.Event()
         self.lost = threading.Event()
-        interval = max(0.5, queue.config.lease_s / 3)
-        self._thread = threading.Thread(target=self._renew, args=(interval,), daemon=True)
-        self._thread.start()
-
-    def _renew(self, interval: float) -> None:
-        while not self._stop.wait(interval):
-            try:
-                if not self._queue.renew_lease(self._job.job_id, self._job.attempt):
-                    self.lost.set()
-                    return
-            except Exception:  # Redis briefly away: keep trying until the lease runs out
-                log.warning("could not renew the lease of job %s", self._job.job_id, exc_info=True)
+        _renewals.add(queue, job, self.lost)
 
     def still_ours(self) -> bool:
         if self.lost.is_set():
             return False
-        job = self._queue.get_job(self._job.job_id)
-        return job is not None and job.state == "running" and job.attempt == self._job.attempt
+        return self._queue.job_state(self._job.job_id) == ("running", self._job.attempt)
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
+        _renewals.remove(self._job.job_id)
 
 
 def _openai_error(message: str, code: str, error_type: str = "server_error") -> dict[str, Any]:
@@ -91,7 +136,9 @@ def _openai_error(message: str, code: str, error_type: str = "server_error") -> 
 
 
 def run_job(queue: FairQueue, job: Job, client: EngineClient) -> RunResult:
-    """Runs `job` on `client`'s engine; returns what happened (the ledger's row)."""
+    """Runs `job` on `client`'s engine; returns what happened (the ledger's row). The job is
+    still reserved when this returns, unless it was requeued or given up: the caller
+    releases it with the result's token counts."""
     request = json.loads(job.payload)
     keeper = LeaseKeeper(queue, job)
     result = RunResult(outcome="success")
@@ -115,7 +162,6 @@ def run_job(queue: FairQueue, job: Job, client: EngineClient) -> RunResult:
     if keeper.lost.is_set() and result.outcome == "success":
         result.outcome = "cancelled"
     result.finished_at = time.time()
-    queue.release(job.job_id, result.prompt_tokens, result.completion_tokens, attempt=job.attempt)
     return result
 
 
@@ -144,6 +190,7 @@ def _run_streaming(
 ) -> None:
     chunks = _stream_chunks(client, request)
     next_check = time.monotonic() + CANCEL_CHECK_S
+    finished = False
     try:
         for chunk in chunks:
             if time.monotonic() >= next_check:
@@ -151,8 +198,10 @@ def _run_streaming(
                 if not keeper.still_ours():
                     keeper.lost.set()
                     return  # closing the stream makes vLLM abort the request
-            if result.first_token_at is None and chunk.get("choices"):
+            choices = chunk.get("choices") or []
+            if result.first_token_at is None and choices:
                 result.first_token_at = time.time()
+            finished = finished or any(choice.get("finish_reason") for choice in choices)
             usage = chunk.get("usage")
             if usage:
                 result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -162,6 +211,10 @@ def _run_streaming(
         close = getattr(chunks, "close", None)
         if close is not None:
             close()
+    if not finished:
+        # An engine whose core died can still end the stream with [DONE] (seen when the
+        # engine was killed mid-stream): without a finish reason, the answer is cut short.
+        raise EngineUnavailable("the engine's stream ended without a finish reason")
     _publish(queue, job, {"event": "done", "usage": _usage(result)})
 
 

@@ -69,6 +69,10 @@ class FairQueueConfig:
     # a late waiter, the result of a duplicate run).
     keep_s: int = 24 * 3600
     prefix: str = "gs:fq:"
+    # A dispatch loop with nothing to run waits this long for new work before it ends.
+    loop_idle_s: float = 2.0
+    # A summoned loop that has not started within this long no longer stops the next summons.
+    loop_summon_s: int = 5
 
     def __post_init__(self) -> None:
         for name in REQUEST_CLASSES:
@@ -84,6 +88,17 @@ class FairQueueConfig:
         return [float(self.queue_timeouts_s[name]) for name in REQUEST_CLASSES]
 
 
+@dataclass
+class DispatchLoop:
+    """A worker thread's dispatch loop as the queue knows it: its token (its wake-up list),
+    whether its first pick is still to come, and whether that pick asked it to summon the
+    next loop (more work waited and no loop was idle)."""
+
+    token: str
+    starting: bool = True
+    summon_next: bool = False
+
+
 def config_from_settings(settings: Any) -> FairQueueConfig:
     """Builds the config from Django settings (duck-typed: this package imports no Django)."""
     weights = list(getattr(settings, "GPUSHARE_SCHED_CLASS_WEIGHTS", []))
@@ -96,6 +111,7 @@ def config_from_settings(settings: Any) -> FairQueueConfig:
         lease_s=float(getattr(settings, "GPUSHARE_SCHED_LEASE_S", 120.0)),
         keep_s=int(getattr(settings, "GPUSHARE_SCHED_KEEP_S", 24 * 3600)),
         prefix=str(getattr(settings, "GPUSHARE_SCHED_KEY_PREFIX", "gs:fq:")),
+        loop_idle_s=float(getattr(settings, "GPUSHARE_DISPATCH_IDLE_S", 2.0)),
     )
 
 

@@ -31,6 +31,10 @@ key                                    type     holds
 ``pools``                              set      pools that ever had a job or an engine
 ``inflight``                           zset     running job ids scored by lease deadline
 ``waiting``                            zset     queued job ids scored by queue deadline
+``loops:{pool}:idle``                  zset     dispatch loops waiting for work, scored by when
+                                                they stop waiting
+``loops:{pool}:summoned``              string   set while a summoned loop has not started (TTL)
+``loop:{token}:wake``                  list     a waiting loop's wake-up
 =====================================  =======  ===================================================
 
 Tenant, engine and job ids must not contain ``:``; a pool name may (it is never the last
@@ -97,6 +101,15 @@ class Keys:
 
     def pools(self) -> str:
         return f"{self.prefix}pools"
+
+    def idle_loops(self, pool: str) -> str:
+        return f"{self.prefix}loops:{pool}:idle"
+
+    def loop_summoned(self, pool: str) -> str:
+        return f"{self.prefix}loops:{pool}:summoned"
+
+    def loop_wake(self, token: str) -> str:
+        return f"{self.prefix}loop:{token}:wake"
 
     def inflight(self) -> str:
         return f"{self.prefix}inflight"

@@ -187,6 +187,23 @@ class FairModel:
         self.engine_inflight[engine_id] += 1
         return job
 
+    def engines_by_room(self) -> list[str]:
+        """Most free KV first, ties by fewest in flight, then by name."""
+
+        def room(engine_id: str) -> tuple[int, int, str]:
+            free = self.engines[engine_id].kv_budget_bytes - self.engine_reserved[engine_id]
+            return (-free, self.engine_inflight[engine_id], engine_id)
+
+        return sorted(self.engines, key=room)
+
+    def pick_in_pool(self) -> ModelJob | None:
+        """A pick for the pool's engine with the most room that can run a job."""
+        for engine_id in self.engines_by_room():
+            job = self.pick(engine_id)
+            if job is not None:
+                return job
+        return None
+
     def release(self, job_id: str, prompt_tokens: int, completion_tokens: int) -> bool:
         job = self.jobs.get(job_id)
         if job is None or job.state != "running":

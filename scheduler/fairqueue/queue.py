@@ -24,10 +24,11 @@ Pick rule (details in `lua/pick.lua`, pure reference in `model.py`):
 
 Worker protocol: `pick` -> run -> `renew_lease(job_id, attempt)` every lease/3 or so (False
 means the job was cancelled or reaped: stop) -> `release(job_id, prompt, completion,
-attempt=...)`; or `requeue(job_id, attempt=...)` to give it back. Passing `attempt` makes a
-stale worker (whose lease was reaped and whose job runs again elsewhere) harmless: its
-release, renew and requeue are no-ops. A pick on an unknown engine, or on an engine of
-another pool, raises redis.ResponseError.
+attempt=...)`; or `requeue(job_id, attempt=...)` to give it back. A worker that goes on to
+its next job calls `release_and_pick` instead: the release and the next pick in one round
+trip. Passing `attempt` makes a stale worker (whose lease was reaped and whose job runs again
+elsewhere) harmless: its release, renew and requeue are no-ops. A pick on an unknown engine,
+or on an engine of another pool, raises redis.ResponseError.
 
 Known limits: a job larger than the engine's free KV budget is passed over for smaller ones
 behind it (no reservation ahead for big jobs), so under constant small-job pressure a big
@@ -53,6 +54,7 @@ from redis.commands.core import Script
 
 from scheduler.fairqueue.domain import (
     CheckReport,
+    DispatchLoop,
     EnginePolicy,
     FairQueueConfig,
     Job,
@@ -67,8 +69,8 @@ from scheduler.request_classes import REQUEST_CLASSES
 LUA_DIR = Path(__file__).with_name("lua")
 # One per decision; each file in lua/ runs after lib.lua as one atomic script.
 SCRIPT_NAMES: tuple[str, ...] = (
-    *("enqueue", "pick", "release", "cancel", "requeue"),
-    *("reap", "expire", "renew", "check"),
+    *("enqueue", "pick", "release", "release_pick", "cancel", "requeue"),
+    *("reap", "expire", "renew", "check", "stop_waiting"),
 )
 
 
@@ -81,8 +83,11 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _pairs(flat: list[Any]) -> dict[str, str]:
-    return {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+def _job_from_json(answer: Any, loop: DispatchLoop | None = None) -> Job:
+    fields = json.loads(answer)
+    if loop is not None:
+        loop.summon_next = bool(fields.get("summon"))
+    return Job.from_hash(fields["job_id"], fields)
 
 
 class FairQueue:
@@ -166,6 +171,33 @@ class FairQueue:
         """Queues a job at the tail of its tenant's queue; raises JobRejected when it can
         never run (larger than every engine of the pool or than the tenant's quota + burst,
         unknown tenant, no engine, duplicate id)."""
+        job, _ = self._enqueue(
+            summon=False, tenant=tenant, pool=pool, request_class=request_class,
+            prompt_tokens=prompt_tokens, max_tokens=max_tokens, kv_bytes=kv_bytes,
+            payload=payload, job_id=job_id, now=now,
+        )  # fmt: skip
+        return job
+
+    def enqueue_summoning(self, **fields: Any) -> tuple[Job, bool]:
+        """`enqueue` that also sees the job get a worker: it wakes an idle dispatch loop of
+        the pool, else returns True when the caller must summon one (send a dispatch task);
+        False also when a loop summoned a moment ago has yet to start (it fans out)."""
+        return self._enqueue(summon=True, **fields)
+
+    def _enqueue(
+        self,
+        *,
+        summon: bool,
+        tenant: str,
+        pool: str,
+        request_class: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        kv_bytes: int,
+        payload: str = "",
+        job_id: str | None = None,
+        now: float | None = None,
+    ) -> tuple[Job, bool]:
         if request_class not in REQUEST_CLASSES:
             raise JobRejected("unknown_class", f"unknown request class {request_class!r}")
         if min(prompt_tokens, max_tokens, kv_bytes) < 0:
@@ -184,12 +216,13 @@ class FairQueue:
             kv_bytes,
             timeout,
             payload,
+            str(self.config.loop_summon_s) if summon else "",
             now=now,
         )
         status = [_text(part) for part in answer]
         if status[0] != "ok":
             raise JobRejected(status[1], status[2])
-        return Job(
+        job = Job(
             job_id=job_id,
             tenant=tenant,
             pool=pool,
@@ -201,22 +234,22 @@ class FairQueue:
             enqueued_at=float(status[1]),
             deadline=float(status[2]),
         )
+        return job, status[3] == "summon"
 
-    def pick(self, pool: str, engine_id: str, now: float | None = None) -> Job | None:
-        """The fairest admissible job of `pool` for `engine_id`, reserved and leased to the
-        caller, or None when nothing may run there now."""
-        answer = self._run(
-            "pick",
-            engine_id,
-            pool,
-            repr(float(self.config.lease_s)),
-            *map(repr, self.config.weight_args()),
-            now=now,
-        )
-        if not answer:
-            return None
-        fields = _pairs(answer)
-        return Job.from_hash(fields["job_id"], fields)
+    def pick(
+        self,
+        pool: str,
+        engine_id: str = "",
+        *,
+        loop: DispatchLoop | None = None,
+        now: float | None = None,
+    ) -> Job | None:
+        """The fairest admissible job of `pool`, reserved and leased to the caller, or None
+        when nothing may run now. For `engine_id`, or (empty) for the pool's engine with the
+        most free KV (ties: fewest in flight) that can run one. A dispatch `loop` that gets
+        None is registered idle: it waits for work with `wait_for_work`."""
+        answer = self._run("pick", *self._pick_args(pool, engine_id, loop), now=now)
+        return _job_from_json(answer, loop) if answer else None
 
     def release(
         self,
@@ -232,6 +265,52 @@ class FairQueue:
         stamp = "" if attempt is None else str(attempt)
         answer = self._run("release", job_id, prompt_tokens, completion_tokens, stamp, now=now)
         return bool(answer)
+
+    def release_and_pick(
+        self,
+        job: Job,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        pool: str,
+        engine_id: str = "",
+        loop: DispatchLoop | None = None,
+        now: float | None = None,
+    ) -> tuple[bool, Job | None]:
+        """A worker's turn in one atomic step (one round trip): `release` of the job it ran
+        (as its attempt), then `pick` of its next one. Returns (released, next job)."""
+        answer = self._run(
+            "release_pick",
+            *(job.job_id, prompt_tokens, completion_tokens, str(job.attempt)),
+            *self._pick_args(pool, engine_id, loop),
+            now=now,
+        )
+        released, picked = answer
+        return bool(released), _job_from_json(picked, loop) if picked else None
+
+    def _pick_args(self, pool: str, engine_id: str, loop: DispatchLoop | None) -> list[str]:
+        lease = repr(float(self.config.lease_s))
+        args = [pool, engine_id, lease, *map(repr, self.config.weight_args())]
+        if loop is None:
+            return [*args, "", "0", "", "0"]
+        starting = "1" if loop.starting else ""
+        loop.starting = False
+        idle, summon = repr(float(self.config.loop_idle_s)), str(self.config.loop_summon_s)
+        return [*args, loop.token, idle, starting, summon]
+
+    def wait_for_work(self, pool: str, loop: DispatchLoop, timeout_s: float) -> bool:
+        """An idle loop (its pick got None) waits to be woken by new work or a freed seat.
+        True: woken, pick again. False: nothing came; the loop is no longer idle."""
+        try:
+            if self.redis.blpop([self.keys.loop_wake(loop.token)], timeout=timeout_s) is not None:
+                return True
+        except redis.TimeoutError:  # the client's read timeout, on a stalled machine
+            pass
+        return self.stop_waiting(pool, loop)
+
+    def stop_waiting(self, pool: str, loop: DispatchLoop) -> bool:
+        """An idle loop leaves; True when it was woken meanwhile (its work needs a loop)."""
+        return bool(self._run("stop_waiting", pool, loop.token))
 
     def renew_lease(self, job_id: str, attempt: int, now: float | None = None) -> bool:
         """Extends the lease; False means the job is no longer the caller's: stop running it."""
@@ -284,6 +363,15 @@ class FairQueue:
 
     def _hash(self, key: str) -> dict[str, str]:
         return {_text(k): _text(v) for k, v in self.redis.hgetall(key).items()}
+
+    def pool_engines(self, pool: str) -> list[str]:
+        """The engines that take jobs of `pool` now, by name."""
+        return sorted(_text(e) for e in self.redis.smembers(self.keys.pool_engines(pool)))
+
+    def job_state(self, job_id: str) -> tuple[str, int] | None:
+        """A job's state and attempt, without its payload (which can be large)."""
+        state, attempt = self.redis.hmget(self.keys.job(job_id), ["state", "attempt"])
+        return None if state is None else (_text(state), int(attempt or 0))
 
     def get_job(self, job_id: str) -> Job | None:
         fields = self._hash(self.keys.job(job_id))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,6 +23,11 @@ import httpx
 import psycopg
 
 REPO = Path(__file__).resolve().parents[2]
+# Beat's sends and the workers' runs of the periodic tasks: noise in a failure's log tail.
+ROUTINE_LOG_LINE = re.compile(
+    r"Sending due task|Task workers\.(housekeeping|flush_usage|batch_tick|scaler_tick|"
+    r"telemetry_sample)\[[^]]*\] (received|succeeded)"
+)
 
 
 def free_port() -> int:
@@ -112,8 +118,7 @@ class Platform:
         celery = [sys.executable, "-m", "celery", "-A", "config"]
         worker = ["--pool", "threads", "--concurrency", "16", "--loglevel", "INFO"]
         self._spawn("worker", [*celery, "worker", *worker, "--without-gossip", "--without-mingle"])
-        schedule = str(self.workdir / "beat-schedule")
-        self._spawn("beat", [*celery, "beat", "--loglevel", "INFO", "--schedule", schedule])
+        self._spawn("beat", [*celery, "beat", "--loglevel", "INFO"])
         uvicorn = [sys.executable, "-m", "uvicorn", "config.asgi:application"]
         address = ["--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
         self._spawn("web", [*uvicorn, *address])
@@ -137,10 +142,17 @@ class Platform:
                 raise AssertionError(f"{name} exited with {process.returncode}\n{self.logs()}")
 
     def logs(self, lines: int = 40) -> str:
+        """The last lines of each process's log and each engine's, without the routine
+        periodic tasks (beat sends several a second; they would fill the tail)."""
         parts = []
-        for path in sorted(self.workdir.glob("*.log")):
-            tail = path.read_text(errors="replace").splitlines()[-lines:]
-            parts.append(f"--- {path.name}\n" + "\n".join(tail))
+        paths = sorted(self.workdir.glob("*.log")) + sorted(self.workdir.glob("engines/*.log"))
+        for path in paths:
+            kept = [
+                line
+                for line in path.read_text(errors="replace").splitlines()
+                if not ROUTINE_LOG_LINE.search(line)
+            ]
+            parts.append(f"--- {path.name}\n" + "\n".join(kept[-lines:]))
         return "\n".join(parts)
 
     def stop(self) -> None:

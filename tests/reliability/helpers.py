@@ -4,6 +4,7 @@ ledger and the scheduler's own check."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -11,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.harness import Platform
+from tests.e2e.harness import Platform, start_process
 from tests.reliability.conftest import MODEL
 
 # No request of the suite may take longer than this: a hang fails the test.
@@ -134,3 +135,31 @@ def scheduler_check(platform: Platform) -> str:
 def reserved_totals(fair_queue: Any) -> tuple[int, int]:
     snap = fair_queue.snapshot()
     return sum(snap.tenant_reserved_bytes.values()), sum(snap.engine_reserved_bytes.values())
+
+
+class Supervisor:
+    """Restarts the named platform processes when they exit, as their supervisor does in a
+    deployment (compose `restart: unless-stopped`, Kubernetes). Counts the restarts, so a
+    test can say whether it needed one."""
+
+    def __init__(self, platform: Platform, names: list[str]) -> None:
+        self.platform, self.names = platform, names
+        self.restarts: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> Supervisor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(1.0):
+            for name in self.names:
+                process = self.platform.processes.get(name)
+                if process is not None and process.poll() is not None:
+                    self.restarts.append(f"{name} (exit {process.returncode})")
+                    start_process(self.platform, name)

@@ -58,7 +58,9 @@ def test_killing_the_engine_mid_stream_ends_streams_marks_it_failed_and_frees_al
     _, key = make_tenant(platform, quota_units="8")
     pid = engine_row(crash_stack)["pid"]
     assert pid
-    streams = [chat_body(3000, stream=True) for _ in range(SEATS)]
+    # Long enough to be mid-stream at the kill even on a fast machine: killed as soon as the
+    # seats are taken (0.5 s after was too late in CI, where the streams had ended by then).
+    streams = [chat_body(3900, stream=True) for _ in range(SEATS)]
     queued = [chat_body(32) for _ in range(4)]
     with httpx.Client(base_url=platform.base_url) as http, ThreadPoolExecutor(8) as pool:
         stream_futures = [pool.submit(post, http, key, body) for body in streams]
@@ -66,7 +68,7 @@ def test_killing_the_engine_mid_stream_ends_streams_marks_it_failed_and_frees_al
             lambda: sum(queue.snapshot().engine_inflight.values()) == SEATS, 60, "seats full"
         )
         queued_futures = [pool.submit(post, http, key, body) for body in queued]
-        time.sleep(2)  # the streams are well under way; the others wait for a seat
+        time.sleep(0.05)  # the streams are under way; the others wait for a seat
         pgid = os.getpgid(pid)
         os.killpg(pgid, signal.SIGKILL)  # the server and its engine-core children
         killed_at = time.monotonic()

@@ -56,11 +56,14 @@ def schemathesis(
     )
     response.raise_for_status()
     schema.write_bytes(response.content)
+    # One worker: with two threads, schemathesis' strategies call ast.parse concurrently, and
+    # this CPython (3.11.7) can fail that ("SystemError: AST constructor recursion depth
+    # mismatch"); seen in CI as a runtime error of the tool, not an answer of the platform.
     return subprocess.run(
         [sys.executable, "-m", "schemathesis.cli", "run", str(schema),
          "--url", stack.platform.base_url, "-H", header,
          "--checks", "not_a_server_error", "--include-path-regex", include,
-         "--max-examples", "25", "--max-time", "60", "--workers", "2",
+         "--max-examples", "25", "--max-time", "60", "--workers", "1",
          "--request-timeout", "30", "--seed", "1", "--suppress-health-check", "all"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

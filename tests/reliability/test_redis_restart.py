@@ -4,7 +4,13 @@ Redis holds the fair queue, the leases, the job events and Celery's broker. Onli
 in flight when it dies end cleanly: a whole answer, a 503 (or another OpenAI-shaped error)
 or a stream that ends with an error event and `data: [DONE]`; never a hang, never a 500.
 Once Redis is back new requests succeed, nothing stays reserved, and a batch that was in
-progress completes with each line answered once."""
+progress completes with each line answered once.
+
+The Celery worker, web and beat run under a supervisor as they do when deployed (compose's
+restart policy, Kubernetes): kombu's Redis transport can end the worker process when the
+broker goes away (a race in its reconnect, "Unrecoverable error: AttributeError ... hostname"),
+and a deployment restarts it. The test says whether a restart was needed; what it proves
+must hold either way."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import json
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import httpx
 import openai
@@ -19,6 +26,7 @@ import openai
 from tests.reliability.conftest import MODEL, Stack
 from tests.reliability.helpers import (
     Answer,
+    Supervisor,
     chat_body,
     make_tenant,
     post,
@@ -59,7 +67,7 @@ def unclean(answer: Answer) -> str | None:
 def test_online_requests_fail_cleanly_and_a_batch_completes_across_a_redis_restart(
     stack: Stack,
 ) -> None:
-    platform, server, queue = stack.platform, stack.redis, stack.fair_queue()
+    platform = stack.platform
     _, key = make_tenant(platform, quota_units="8")
     client = openai.OpenAI(base_url=f"{platform.base_url}/v1", api_key=key, max_retries=0)
     uploaded = client.files.create(file=("in.jsonl", batch_jsonl(BATCH_LINES)), purpose="batch")
@@ -67,6 +75,15 @@ def test_online_requests_fail_cleanly_and_a_batch_completes_across_a_redis_resta
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
     bodies = [chat_body(400, stream=i % 2 == 0) for i in range(REQUESTS)]
+    with Supervisor(platform, ["worker", "web", "beat"]) as supervisor:
+        check_across_the_restart(stack, client, key, batch.id, bodies)
+    print(f"restarted by the supervisor: {supervisor.restarts or 'nothing'}")
+
+
+def check_across_the_restart(
+    stack: Stack, client: openai.OpenAI, key: str, batch_id: str, bodies: list[dict[str, Any]]
+) -> None:
+    platform, server, queue = stack.platform, stack.redis, stack.fair_queue()
     with httpx.Client(base_url=platform.base_url) as http, ThreadPoolExecutor(REQUESTS) as pool:
         futures = [pool.submit(post, http, key, body) for body in bodies]
         wait_until(lambda: sum(queue.snapshot().engine_inflight.values()) >= 8, 60, "jobs running")
@@ -91,7 +108,7 @@ def test_online_requests_fail_cleanly_and_a_batch_completes_across_a_redis_resta
           f"6 in a row answered 200 {recovered_s:.1f} s after Redis was back")  # fmt: skip
 
     done = wait_until(
-        lambda: (b := client.batches.retrieve(batch.id)).status
+        lambda: (b := client.batches.retrieve(batch_id)).status
         in ("completed", "failed", "expired", "cancelled") and b,
         300, "the batch finished",
     )  # fmt: skip

@@ -279,6 +279,32 @@ def test_lines_that_redis_lost_are_fed_again_and_finish_once(files_dir, queue, o
     assert sorted(ids) == sorted(f"req-{i}" for i in range(8))
 
 
+def test_a_tenant_policy_lost_in_the_middle_of_a_feed_is_restored_not_failed(
+    files_dir, queue, owner_key, monkeypatch
+):
+    """Redis lost everything after the feed synced the tenant (seen in CI): the lines still
+    queue, none ends as an error."""
+    client = bearer_client(owner_key)
+    created = start_batch(client, chat_jsonl(6))
+    enqueue = queue.enqueue
+    jobs: list[str] = []
+
+    def enqueue_after_a_loss(**fields: Any):
+        if fields["job_id"] not in jobs:  # a job's first try, not the retry after a resync
+            jobs.append(fields["job_id"])
+            if len(jobs) == 3:
+                queue.redis.flushdb()
+        return enqueue(**fields)
+
+    monkeypatch.setattr(queue, "enqueue", enqueue_after_a_loss)
+    process(created["id"])
+    assert lines_by_state(created["id"]) == {LineState.QUEUED: 6}
+    assert waiting_jobs(queue) == 4  # the two queued before the loss went with it
+
+    done = run_to_the_end(client, created["id"], queue)
+    assert done["request_counts"] == {"total": 6, "completed": 6, "failed": 0}
+
+
 def test_a_job_that_ended_without_its_result_is_fed_again_after_the_grace(
     files_dir, queue, owner_key, settings
 ):

@@ -1,11 +1,12 @@
-"""The Lua scripts against the pure model: random sequences of enqueue, pick, release,
+"""The Lua scripts against the pure model: random sequences of enqueue, pick (for an engine
+or for the pool's roomiest engine), release (alone or with the next pick in one step),
 cancel, requeue and load changes on the real Redis make the same decisions as the model,
 step by step, and the invariant check finds no drift after any of them."""
 
 import redis
 from hypothesis import HealthCheck, given, settings
 
-from scheduler.fairqueue import EnginePolicy, FairQueue, JobRejected
+from scheduler.fairqueue import EnginePolicy, FairQueue, Job, JobRejected
 from scheduler.fairqueue.model import FairModel, ModelJob
 from tests.scheduler.test_fairqueue_model import CLASSES, ENGINES, TENANTS, WEIGHTS, operations
 
@@ -38,6 +39,13 @@ def enqueue_both(fq: FairQueue, model: FairModel, job: ModelJob) -> None:
     assert got == expected
 
 
+def same_job(got: Job | None, expected: ModelJob | None) -> bool:
+    if got is None or expected is None:
+        return got is None and expected is None
+    picked = (expected.job_id, expected.engine_id, "running")
+    return (got.job_id, got.engine_id, got.state) == picked
+
+
 def step(fq: FairQueue, model: FairModel, op: tuple[str, int, int, int, int], serial: int) -> None:
     kind, x, y, z, w = op
     running = sorted(j.job_id for j in model.jobs.values() if j.state == "running")
@@ -47,9 +55,17 @@ def step(fq: FairQueue, model: FairModel, op: tuple[str, int, int, int, int], se
         job = ModelJob(f"j{serial}", "abc"[x % 3], CLASSES[y % 3], 1 + z, 1 + w, 1 + (x + z) % 7)
         enqueue_both(fq, model, job)
     elif kind == "pick":
-        expected = model.pick(engine_id)
-        got = fq.pick("p", engine_id, now=1)
-        assert (got.job_id if got else None) == (expected.job_id if expected else None)
+        if y % 3 == 2:
+            expected, got = model.pick_in_pool(), fq.pick("p", now=1)
+        else:
+            expected, got = model.pick(engine_id), fq.pick("p", engine_id, now=1)
+        assert same_job(got, expected)
+    elif kind == "release" and running and w % 2:
+        ran = fq.get_job(running[x % len(running)])
+        assert ran is not None
+        released, got = fq.release_and_pick(ran, 1 + y, z, pool="p", now=2)
+        assert released == model.release(ran.job_id, 1 + y, z)
+        assert same_job(got, model.pick_in_pool())
     elif kind == "release" and running:
         job_id = running[x % len(running)]
         assert fq.release(job_id, 1 + y, z, now=2) == model.release(job_id, 1 + y, z)

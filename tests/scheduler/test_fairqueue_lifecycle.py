@@ -260,3 +260,34 @@ def test_the_scripts_and_keys_py_name_the_same_keys(fq: FairQueue, fq_redis: red
         keys.counter_floor("p", "standard"),
     ):
         assert fq_redis.exists(name), name
+
+
+def test_release_and_pick_releases_once_and_hands_over_the_next_job_in_one_step(
+    fq: FairQueue,
+) -> None:
+    setup_pool(fq, max_num_seqs=1)
+    first, second = submit(fq, now=0), submit(fq, "b", now=0)
+    running = pick(fq, now=1)
+    assert running.job_id == first.job_id
+
+    released, following = fq.release_and_pick(running, 100, 20, pool="p", now=2)
+
+    assert released
+    assert following is not None
+    assert (following.job_id, following.engine_id, following.state) == (
+        second.job_id, "e1", "running",
+    )  # fmt: skip
+    assert fq.get_job(first.job_id).state == "done"  # type: ignore[union-attr]
+    assert reserved(fq) == (0, UNIT, 1)  # only b's job holds anything now
+    # Released already: a second turn releases nothing, and nothing is left to pick.
+    assert fq.release_and_pick(running, 100, 20, pool="p", now=3) == (False, None)
+    assert fq.check().ok
+
+
+def test_job_state_reads_state_and_attempt_only(fq: FairQueue) -> None:
+    setup_pool(fq)
+    job = submit(fq, now=0)
+    assert fq.job_state(job.job_id) == ("queued", 0)
+    running = pick(fq, now=1)
+    assert fq.job_state(job.job_id) == ("running", running.attempt)
+    assert fq.job_state("no-such-job") is None

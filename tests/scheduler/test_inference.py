@@ -5,7 +5,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from scheduler.inference import (
+    BOUND_MARGIN_TOKENS,
     InvalidRequest,
+    bounded_prompt_tokens,
     parse_inference_request,
     prompt_token_bound,
     tokenize_request_body,
@@ -99,3 +101,45 @@ def test_tokenize_asks_for_the_generation_prompt_of_a_chat():
     assert body == {"model": "m", "messages": CHAT["messages"], "add_generation_prompt": True}
     single = parse_inference_request("completions", {"model": "m", "prompt": ["only"]})
     assert tokenize_request_body(single) == {"model": "m", "prompt": "only"}
+
+
+def bounded(body: dict, endpoint: str = "chat", max_model_len: int = 2048, limit: int = 1024):
+    request = parse_inference_request(endpoint, body)  # type: ignore[arg-type]
+    return bounded_prompt_tokens(request, max_model_len, limit)
+
+
+def test_a_short_prompt_with_max_tokens_is_counted_by_its_bound_plus_a_margin():
+    body = {**CHAT, "max_tokens": 16, "temperature": 0.5}
+    assert bounded(body) == 8 + 2 + 8 + BOUND_MARGIN_TOKENS
+    assert bounded({"model": "m", "prompt": "hello", "max_tokens": 4}, "completions") == (
+        5 + 1 + BOUND_MARGIN_TOKENS
+    )
+
+
+IMAGE = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
+LONG = {"role": "user", "content": "x" * 2000}
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (CHAT, "no max_tokens: the default fills the model's length, which needs the count"),
+        ({**CHAT, "max_tokens": 16, "tools": [{"type": "function"}]}, "tools enter the prompt"),
+        ({**CHAT, "max_tokens": 16, "chat_template": "{{ x }}"}, "its own template"),
+        ({"model": "m", "max_tokens": 16, "messages": [IMAGE]}, "not text"),
+        ({**CHAT, "max_tokens": 2000}, "too close to the model's length to guess"),
+        ({"model": "m", "max_tokens": 1, "messages": [LONG]}, "long: worth counting exactly"),
+    ],
+)
+def test_the_engine_counts_what_the_bound_cannot_vouch_for(body, why):
+    assert bounded(body) is None, why
+
+
+@given(st.text(max_size=300))
+def test_the_stand_in_is_never_below_the_bytes_of_the_text(text):
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": text}]}
+    assert bounded(body) >= len(text.encode("utf-8")) + BOUND_MARGIN_TOKENS
+
+
+def test_zero_turns_the_stand_in_off():
+    assert bounded({**CHAT, "max_tokens": 16}, limit=0) is None

@@ -15,10 +15,9 @@ from scheduler.engines.supervisor import Timeouts, engine_stop
 from scheduler.fairqueue.domain import JobRejected
 from scheduler.fairqueue.queue import FairQueue
 from scheduler.models import Device, Engine, EngineStatus
-from scheduler.pools import engines_to_pick_for, fair_queue, sync_all_engines, sync_tenant
+from scheduler.pools import fair_queue, sync_all_engines, sync_tenant
 from scheduler.services import engine_set_status
 from tests.factories import TenantFactory
-from workers.dispatch import pick_next
 
 MODEL = "tiny-llama"
 POOL = MODEL
@@ -76,7 +75,7 @@ def enqueue(queue: FairQueue, count: int = 1) -> None:
 
 
 def picks(queue: FairQueue, count: int) -> list[str]:
-    jobs = [pick_next(queue, POOL) for _ in range(count)]
+    jobs = [queue.pick(POOL) for _ in range(count)]
     return [job.engine_id if job else "" for job in jobs]
 
 
@@ -91,7 +90,7 @@ def test_an_engine_that_is_not_ready_gets_no_job(queue, device, model_dir, statu
     sync_all_engines(queue)
     enqueue(queue, 4)
 
-    assert engines_to_pick_for(POOL, queue) == ["ready"]
+    assert queue.pool_engines(POOL) == ["ready"]
     assert picks(queue, 4) == ["ready"] * 4
     with pytest.raises(redis.ResponseError):
         queue.pick(POOL, "other")  # not even a direct pick reaches it
@@ -109,7 +108,7 @@ def test_with_only_warming_engines_jobs_wait_and_go_to_the_first_that_becomes_re
     enqueue(queue, 2)
     engine_set_status(engine=starting, status=EngineStatus.DRAINING)
     sync_all_engines(queue)
-    assert pick_next(queue, POOL) is None  # nothing ready: the jobs wait
+    assert queue.pick(POOL) is None  # nothing ready: the jobs wait
 
     engine_set_status(engine=warming, status=EngineStatus.READY)
     sync_all_engines(queue)
@@ -123,7 +122,7 @@ def test_a_draining_engine_takes_no_new_job_while_its_in_flight_job_finishes(
     make_engine(device, model_dir, "new", EngineStatus.READY, kv_tokens=10_000, port=2)
     sync_all_engines(queue)
     enqueue(queue)
-    running = pick_next(queue, POOL)
+    running = queue.pick(POOL)
     assert running is not None
     assert running.engine_id == "old"  # most free KV
 
@@ -147,16 +146,16 @@ def test_stopping_an_engine_takes_it_out_of_the_pool_before_the_drain_waits(
     make_engine(device, model_dir, "b", EngineStatus.READY, port=2)
     sync_all_engines(queue)
     enqueue(queue)
-    in_flight = pick_next(queue, POOL)
+    in_flight = queue.pick(POOL)
     assert in_flight is not None
     assert in_flight.engine_id == "a"
     seen: dict[str, object] = {}
 
     def drain(engine: Engine, **_: object) -> None:
-        seen["pool"] = engines_to_pick_for(POOL, queue)  # no periodic sync has run
+        seen["pool"] = queue.pool_engines(POOL)  # no periodic sync has run
         seen["picked"] = supervisor._picked_for(engine)
         enqueue(queue)
-        seen["next"] = pick_next(queue, POOL)
+        seen["next"] = queue.pick(POOL)
 
     monkeypatch.setattr(supervisor, "_drain", drain)
     # Its process counts as alive (there is none: nothing here starts an engine).
@@ -175,7 +174,6 @@ def test_a_job_goes_to_the_ready_engine_with_the_most_free_kv(queue, device, mod
     make_engine(device, model_dir, "large", EngineStatus.READY, kv_tokens=3_000, port=2)
     make_engine(device, model_dir, "medium", EngineStatus.READY, kv_tokens=2_000, port=3)
     sync_all_engines(queue)
-    assert engines_to_pick_for(POOL, queue) == ["large", "medium", "small"]
     enqueue(queue, 12)
     # Each job reserves 100 tokens: large goes first until its free KV falls to medium's.
     got = picks(queue, 12)
@@ -188,10 +186,9 @@ def test_ties_in_free_kv_go_to_the_engine_with_fewest_jobs_in_flight(queue, devi
     make_engine(device, model_dir, "idle", EngineStatus.READY, kv_tokens=1_000, port=2)
     sync_all_engines(queue)
     enqueue(queue)
-    first = pick_next(queue, POOL)
+    first = queue.pick(POOL)
     assert first is not None
     assert first.engine_id == "busy"
     # Now both have 1,000 tokens free; "busy" has a job in flight, "idle" none.
-    assert engines_to_pick_for(POOL, queue) == ["idle", "busy"]
     enqueue(queue)
     assert picks(queue, 1) == ["idle"]

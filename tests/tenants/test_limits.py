@@ -68,3 +68,14 @@ def test_the_budget_survives_a_redis_restart_by_reading_the_ledger(owner, redis_
 def test_no_limits_means_no_refusals(owner, redis_db):
     for _ in range(50):
         limits_admit(tenant=owner, estimated_tokens=10_000, now=NOW)
+
+
+def test_without_limits_nothing_is_counted_so_settling_refunds_nothing(owner, redis_db):
+    """No round trip to Redis at either end of the request: settling an uncounted admission
+    leaves even a counter that happens to exist alone."""
+    admission = limits_admit(tenant=owner, estimated_tokens=500, now=NOW)
+    assert not admission.counted
+    token_key = f"gs:limits:{owner.pk}:tok:{admission.minute}"
+    redis_db.set(token_key, 700)
+    limits_settle(admission=admission, used_tokens=10)
+    assert redis_db.get(token_key) == "700"

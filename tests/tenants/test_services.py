@@ -115,3 +115,14 @@ def test_a_key_cannot_default_to_a_class_its_tenant_may_not_use():
         services.api_key_create(tenant=tenant, name="x", default_class="offline")
     with pytest.raises(ValidationError):
         services.api_key_create(tenant=tenant, name="x", default_class="urgent")
+
+
+def test_a_key_defaults_to_the_first_allowed_class_when_standard_is_not_allowed():
+    only_interactive = services.tenant_create(
+        slug="chat-only", quota_units=1, allowed_classes=["interactive"]
+    )
+    assert services.api_key_create(tenant=only_interactive, name="k").api_key.default_class == (
+        "interactive"
+    )
+    everything = services.tenant_create(slug="all-classes", quota_units=1)
+    assert services.api_key_create(tenant=everything, name="k").api_key.default_class == "standard"

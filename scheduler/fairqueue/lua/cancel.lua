@@ -10,6 +10,7 @@ if job.state == 'queued' then
 elseif job.state == 'running' then
   free_running(job_id, job)
   recharge(job_id, job, token_charge(job, num(job.prompt_tokens), 0))
+  wake_idle_loop(job.pool)  -- its seat is free for the next job
 else
   return ''
 end

@@ -1,6 +1,8 @@
 -- Enqueue one job at the tail of its tenant's queue, or reject what can never run.
 -- ARGV[4..]: job_id, tenant, pool, class, prompt_tokens, max_tokens, kv_bytes, queue timeout
--- (seconds), payload. Returns {'ok', enqueued_at, deadline} or {'rejected', reason, detail}.
+-- (seconds), payload, summon_s ('' = leave dispatch loops alone; else see summon_loop).
+-- Returns {'ok', enqueued_at, deadline, '' or what summon_loop said} or
+-- {'rejected', reason, detail}.
 local job_id, tenant, pool, cls = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local prompt_tokens, max_tokens = tonumber(ARGV[8]), tonumber(ARGV[9])
 local kv_bytes, payload = tonumber(ARGV[10]), ARGV[12]
@@ -39,4 +41,6 @@ redis.call('HSET', k_job(job_id), 'tenant', tenant, 'pool', pool, 'cls', cls,
 redis.call('ZADD', k_waiting(), fmt(deadline), job_id)
 redis.call('SADD', k_pools(), pool)
 queue_job(job_id, pool, cls, tenant, false)
-return {'ok', fmt(NOW), fmt(deadline)}
+local loops = ''
+if ARGV[13] ~= '' then loops = summon_loop(pool, tonumber(ARGV[13])) end
+return {'ok', fmt(NOW), fmt(deadline), loops}

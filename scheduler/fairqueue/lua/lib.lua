@@ -32,6 +32,9 @@ local function k_pool_engines(pool) return P .. 'pool:' .. pool .. ':engines' en
 local function k_pools() return P .. 'pools' end
 local function k_inflight() return P .. 'inflight' end
 local function k_waiting() return P .. 'waiting' end
+local function k_idle_loops(pool) return P .. 'loops:' .. pool .. ':idle' end
+local function k_loop_summoned(pool) return P .. 'loops:' .. pool .. ':summoned' end
+local function k_loop_wake(token) return P .. 'loop:' .. token .. ':wake' end
 
 -- A missing hash field comes back as false.
 local function num(v)
@@ -111,13 +114,18 @@ local function unqueue(job_id, job)
 end
 
 -- Moves the tenant's counter by the difference between a new charge and what the job was
--- charged so far (the estimate at pick), and records the new charge on the job.
-local function recharge(job_id, job, new_charge)
+-- charged so far (the estimate at pick). Returns the new charge as the job hash stores it:
+-- callers write it with their own HSET of the job (one write per step, not one per field).
+local function move_counter(job, new_charge)
   local delta = new_charge - num(job.charged)
   if delta ~= 0 then
     set_counter(job.pool, job.cls, job.tenant, get_counter(job.pool, job.cls, job.tenant) + delta)
   end
-  redis.call('HSET', k_job(job_id), 'charged', fmt(new_charge))
+  return fmt(new_charge)
+end
+
+local function recharge(job_id, job, new_charge)
+  redis.call('HSET', k_job(job_id), 'charged', move_counter(job, new_charge))
 end
 
 -- Real tokens as VTC charges them: output costs twice what input does.
@@ -129,12 +137,16 @@ end
 
 -- Gives back everything a running job holds: its bytes on the tenant and the engine, its
 -- seat on the engine, its lease.
-local function free_running(job_id, job)
+local function give_back(job_id, job)
   local reserved = num(job.reserved)
   redis.call('HINCRBY', k_tenant_use(job.tenant), 'reserved', int(-reserved))
   redis.call('HINCRBY', k_engine_use(job.engine), 'reserved', int(-reserved))
   redis.call('HINCRBY', k_engine_use(job.engine), 'inflight', -1)
   redis.call('ZREM', k_inflight(), job_id)
+end
+
+local function free_running(job_id, job)
+  give_back(job_id, job)
   redis.call('HSET', k_job(job_id), 'reserved', '0', 'lease_deadline', '')
 end
 
@@ -164,6 +176,276 @@ local function requeue_running(job_id, job, timeouts, reason)
 end
 
 local function timeouts_from(first)
+  return {interactive = tonumber(ARGV[first]), standard = tonumber(ARGV[first + 1]),
+          offline = tonumber(ARGV[first + 2])}
+end
+
+-- A running job ended: free its reservation and charge its real tokens in place of the
+-- estimate, in one write of the job hash. Idempotent: a job that is not running (already
+-- released, cancelled, requeued) or whose attempt is not the one given ('' = any; a stale
+-- worker after a reap) is left alone. Returns 1 when released, 0 when it was a no-op.
+local RELEASE_FIELDS = {'state', 'attempt', 'reserved', 'tenant', 'engine', 'pool', 'cls',
+                        'charged', 'charge_weight'}
+local function release_job(job_id, prompt_tokens, completion_tokens, attempt)
+  -- Only what releasing needs: the job's payload can be large.
+  local values = redis.call('HMGET', k_job(job_id), unpack(RELEASE_FIELDS))
+  local job = {}
+  for i, name in ipairs(RELEASE_FIELDS) do job[name] = values[i] end
+  if job.state ~= 'running' then return 0 end
+  if attempt ~= '' and attempt ~= job.attempt then return 0 end
+  give_back(job_id, job)
+  local charged = move_counter(job, token_charge(job, prompt_tokens, completion_tokens))
+  redis.call('HSET', k_job(job_id), 'reserved', '0', 'lease_deadline', '', 'charged', charged,
+    'used_prompt_tokens', int(prompt_tokens), 'used_completion_tokens', int(completion_tokens),
+    'state', 'done', 'reason', 'released', 'finished_at', fmt(NOW))
+  redis.call('EXPIRE', k_job(job_id), KEEP_S)
+  return 1
+end
+
+-- The head of a tenant's queue, expiring heads whose queue deadline has passed (so a
+-- timeout holds even between sweeps of expire_waiting).
+local function live_head(queue)
+  while true do
+    local job_id = redis.call('LINDEX', queue, 0)
+    if not job_id then return nil end
+    local job = hgetall(k_job(job_id))
+    if not job.state then
+      redis.call('LPOP', queue)  -- an id whose job hash is gone: nothing to run
+    elseif num(job.deadline) <= NOW then
+      expire_queued(job_id, job)
+    else
+      return job_id, job
+    end
+  end
+end
+
+-- Backlogged tenants of a class, least counter first, read in pages: the first tenant
+-- usually has an admissible job, so most picks read one page, however many tenants wait.
+local PAGE = 16
+local function backlogged(pool, cls)
+  local key = k_backlog(pool, cls)
+  local start, size = 0, redis.call('ZCARD', key)
+  local page, index = redis.call('ZRANGE', key, 0, PAGE - 1), 0
+  return function()
+    index = index + 1
+    if index > #page then
+      if #page < PAGE then return nil end
+      -- Expiry during the scan removes only tenants already visited (nothing joins during a
+      -- pick), so the unvisited ones moved up by as many places as the backlog shrank.
+      local new_size = redis.call('ZCARD', key)
+      start, size = start + PAGE - (size - new_size), new_size
+      page, index = redis.call('ZRANGE', key, start, start + PAGE - 1), 1
+      if #page == 0 then return nil end
+    end
+    return page[index]
+  end
+end
+
+-- Pick the fairest admissible job of `pool` for one engine, reserve it and lease it.
+-- Classes are tried in order of class virtual time (stride scheduling); inside a class,
+-- backlogged tenants in order of VTC counter; the first head job that admission lets run
+-- wins. Pass 1 admits within quota only; pass 2 (only when pass 1 found nothing and some
+-- head job would fit within quota + burst) lets a tenant borrow its burst: the engine then
+-- has idle capacity, meaning room for the job and no waiting job of the pool that it could
+-- run within its tenant's quota.
+-- Returns the job id and its hash as a table (as HGETALL would give it), nil when nothing
+-- may run there now, or nil and an error reply.
+-- `engine` and `usage` are the engine's hashes when the caller has read them already.
+local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
+  engine = engine or hgetall(k_engine(engine_id))
+  if not engine.pool then return nil, redis.error_reply('unknown engine ' .. engine_id) end
+  if engine.pool ~= pool then
+    return nil, redis.error_reply('engine ' .. engine_id .. ' serves pool ' .. engine.pool ..
+      ', not ' .. pool)
+  end
+  usage = usage or hgetall(k_engine_use(engine_id))
+  if num(usage.inflight) >= num(engine.max_num_seqs) then return nil end
+  local free_bytes = num(engine.kv_budget_bytes) - num(usage.reserved)
+  local offline_open = num(engine.load) < num(engine.offline_load_threshold)
+
+  local clock = hgetall(k_clock(pool))
+  local order = {}
+  for i, cls in ipairs(CLASSES) do
+    if cls ~= 'offline' or offline_open then
+      table.insert(order, {cls = cls, vt = num(clock[cls]), rank = i})
+    end
+  end
+  table.sort(order, function(a, b)
+    if a.vt ~= b.vt then return a.vt < b.vt end
+    return a.rank < b.rank
+  end)
+
+  -- First admissible head job of the class, with its tenant's weight; also says whether
+  -- one would fit with burst.
+  local function candidate(cls, allow_burst)
+    local would_burst = false
+    for tenant in backlogged(pool, cls) do
+      local job_id, job = live_head(k_queue(pool, cls, tenant))
+      if job_id then
+        local cost = num(job.kv_bytes)
+        if cost <= free_bytes then
+          local policy = redis.call('HMGET', k_tenant(tenant), 'quota_bytes', 'burst_bytes', 'weight')
+          local held = num(redis.call('HGET', k_tenant_use(tenant), 'reserved')) + cost
+          local quota = num(policy[1])
+          local ceiling = quota + num(policy[2])
+          if held <= quota or (allow_burst and held <= ceiling) then
+            return job_id, job, num(policy[3]), false
+          end
+          if held <= ceiling then would_burst = true end
+        end
+      end
+    end
+    return nil, nil, nil, would_burst
+  end
+
+  local function choose()
+    local burst_possible = false
+    for _, entry in ipairs(order) do
+      local job_id, job, weight, would_burst = candidate(entry.cls, false)
+      if job_id then return job_id, job, weight end
+      burst_possible = burst_possible or would_burst
+    end
+    if not burst_possible then return nil end
+    for _, entry in ipairs(order) do
+      local job_id, job, weight = candidate(entry.cls, true)
+      if job_id then return job_id, job, weight end
+    end
+    return nil
+  end
+
+  local job_id, job, weight = choose()
+  if not job_id then return nil end
+  local cls, tenant = job.cls, job.tenant
+
+  -- Charge the estimate first, so the counter a leaving tenant leaves as the floor includes it.
+  if weight <= 0 then weight = 1 end
+  job.charge_weight = fmt(weight)
+  job.charged = move_counter(job, token_charge(job, num(job.prompt_tokens), num(job.max_tokens)))
+  unqueue(job_id, job)
+
+  -- The chosen class advances by 1/weight. Classes behind it had nothing admissible (empty,
+  -- blocked, or offline over the load gate); lifting them to its time keeps them from banking
+  -- credit, which would turn into strict priority later.
+  local vt = num(clock[cls])
+  local times = {cls, fmt(vt + 1 / weights[cls])}
+  for _, other in ipairs(CLASSES) do
+    if other ~= cls and num(clock[other]) < vt then
+      table.insert(times, other)
+      table.insert(times, fmt(vt))
+    end
+  end
+  redis.call('HSET', k_clock(pool), unpack(times))
+
+  local cost = num(job.kv_bytes)
+  redis.call('HINCRBY', k_tenant_use(tenant), 'reserved', int(cost))
+  redis.call('HINCRBY', k_engine_use(engine_id), 'reserved', int(cost))
+  redis.call('HINCRBY', k_engine_use(engine_id), 'inflight', 1)
+  local attempt = num(job.attempt) + 1
+  local lease_deadline = NOW + lease_s
+  job.state, job.engine, job.attempt = 'running', engine_id, int(attempt)
+  job.lease_deadline, job.reserved, job.picked_at = fmt(lease_deadline), int(cost), fmt(NOW)
+  redis.call('HSET', k_job(job_id), 'charge_weight', job.charge_weight, 'charged', job.charged,
+    'state', job.state, 'engine', engine_id, 'attempt', job.attempt,
+    'lease_deadline', job.lease_deadline, 'reserved', job.reserved, 'picked_at', job.picked_at)
+  redis.call('ZADD', k_inflight(), job.lease_deadline, job_id)
+  emit(job_id, {event = 'picked', engine = engine_id, attempt = attempt})
+  return job_id, job
+end
+
+-- The engines of a pool, most free KV first (ties: fewest in flight, then by name): a job
+-- goes where it has the most room.
+local function engines_by_room(pool)
+  local room = {}
+  for _, engine_id in ipairs(redis.call('SMEMBERS', k_pool_engines(pool))) do
+    local engine, usage = hgetall(k_engine(engine_id)), hgetall(k_engine_use(engine_id))
+    table.insert(room, {id = engine_id, engine = engine, usage = usage,
+                        free = num(engine.kv_budget_bytes) - num(usage.reserved),
+                        inflight = num(usage.inflight)})
+  end
+  table.sort(room, function(a, b)
+    if a.free ~= b.free then return a.free > b.free end
+    if a.inflight ~= b.inflight then return a.inflight < b.inflight end
+    return a.id < b.id
+  end)
+  return room
+end
+
+-- Dispatch loops (workers/dispatch.py): a loop that finds nothing to run waits a while for
+-- a wake-up instead of ending, so new work reaches a worker without a Celery message.
+-- `loops:{pool}:idle` holds the waiting loops, scored by when they stop waiting (a loop that
+-- died waiting is forgotten then); waking one pushes to its own `loop:{token}:wake` list.
+
+-- Wakes the loop that went idle last (the others time out and end: as many loops keep
+-- waiting as the traffic needs). Returns whether there was one.
+local function wake_idle_loop(pool)
+  local idle = k_idle_loops(pool)
+  redis.call('ZREMRANGEBYSCORE', idle, '-inf', fmt(NOW))
+  local popped = redis.call('ZPOPMAX', idle)
+  if #popped == 0 then return false end
+  local wake = k_loop_wake(popped[1])
+  redis.call('RPUSH', wake, '1')
+  redis.call('EXPIRE', wake, 60)
+  return true
+end
+
+-- New work in the pool: wake an idle loop, else ask the caller to summon one (a Celery
+-- message), unless one summoned less than `summon_s` ago has not started yet: it fans out
+-- when it starts (see pick_reply), so a burst costs one message, not one per job.
+-- Returns 'woke', 'summon' or 'summoned'.
+local function summon_loop(pool, summon_s)
+  if wake_idle_loop(pool) then return 'woke' end
+  if redis.call('SET', k_loop_summoned(pool), '1', 'NX', 'EX', summon_s) then return 'summon' end
+  return 'summoned'
+end
+
+local function pool_has_queued(pool)
+  for _, cls in ipairs(CLASSES) do
+    if redis.call('ZCARD', k_backlog(pool, cls)) > 0 then return true end
+  end
+  return false
+end
+
+-- Pick for the given engine, or ('') for the pool's engine with the most room that has an
+-- admissible job. Returns the job as a JSON object (one bulk reply: cheaper for clients to
+-- read than a flat array), false when nothing may run now, or an error reply.
+-- `loop` (optional) is the dispatch loop picking: {token, idle_s, starting, summon_s}. A loop
+-- that finds nothing is registered idle for `idle_s`. A loop just started clears the summons
+-- that started it; if more work waits and no loop is idle, the job's `summon` field asks it
+-- to summon the next loop (fan-out).
+local function pick_reply(pool, engine_id, lease_s, weights, loop)
+  loop = loop or {}
+  if loop.starting then redis.call('DEL', k_loop_summoned(pool)) end
+  local job_id, job
+  if engine_id ~= '' then
+    job_id, job = pick_on(engine_id, pool, lease_s, weights)
+    if not job_id and job then return job end  -- pick_on's error reply
+  else
+    for _, room in ipairs(engines_by_room(pool)) do
+      job_id, job = pick_on(room.id, pool, lease_s, weights, room.engine, room.usage)
+      if job_id then break end
+    end
+  end
+  if not job_id then
+    if loop.token and loop.token ~= '' then
+      redis.call('ZADD', k_idle_loops(pool), fmt(NOW + loop.idle_s), loop.token)
+    end
+    return false
+  end
+  job.job_id = job_id
+  if loop.starting and pool_has_queued(pool) and summon_loop(pool, loop.summon_s) == 'summon' then
+    job.summon = 1
+  end
+  return cjson.encode(job)
+end
+
+-- A dispatch loop's arguments to a pick, from ARGV[first..]: token ('' = not a loop),
+-- idle_s, starting ('1' / ''), summon_s.
+local function loop_from(first)
+  return {token = ARGV[first], idle_s = tonumber(ARGV[first + 1]),
+          starting = ARGV[first + 2] == '1', summon_s = tonumber(ARGV[first + 3])}
+end
+
+local function weights_from(first)
   return {interactive = tonumber(ARGV[first]), standard = tonumber(ARGV[first + 1]),
           offline = tonumber(ARGV[first + 2])}
 end

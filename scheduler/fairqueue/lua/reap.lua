@@ -7,6 +7,7 @@ for _, job_id in ipairs(redis.call('ZRANGEBYSCORE', k_inflight(), '-inf', fmt(NO
   local job = hgetall(k_job(job_id))
   if job.state == 'running' then
     requeue_running(job_id, job, timeouts, 'lease_expired')
+    wake_idle_loop(job.pool)
     table.insert(reaped, job_id)
   else
     redis.call('ZREM', k_inflight(), job_id)

@@ -6,4 +6,5 @@ local job = hgetall(k_job(job_id))
 if job.state ~= 'running' then return 0 end
 if attempt ~= '' and attempt ~= job.attempt then return 0 end
 requeue_running(job_id, job, timeouts_from(7), reason)
+wake_idle_loop(job.pool)  -- it can run again, here or on another engine
 return 1

@@ -1,0 +1,10 @@
+-- A worker's turn in one step: release the job it ran, then pick its next one. Saves the
+-- worker a round trip per job, and Redis one script start.
+-- ARGV[4..]: job_id, prompt_tokens, completion_tokens, attempt ('' = any), then as pick.lua:
+-- pool, engine_id ('' = any), lease_s, class weights, the dispatch loop's arguments.
+-- Returns {released (1/0), next job as JSON or false}.
+local released = release_job(ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7])
+local next_job = pick_reply(ARGV[8], ARGV[9], tonumber(ARGV[10]), weights_from(11),
+  loop_from(14))
+if type(next_job) == 'table' then return next_job end  -- an error reply
+return {released, next_job}

@@ -1,0 +1,113 @@
+"""The engine client's generation requests against a small real HTTP server: non-streamed
+(http.client, one kept-alive connection per thread) answers, refusals, an engine that closed
+an idle connection, an engine that is gone; and a stream cut before its end."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from scheduler.engines.client import EngineClient, EngineRequestError, EngineUnavailable
+
+
+class _Engine(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # kept-alive connections, as uvicorn serves them
+    served: list[dict[str, object]] = []
+    close_after_answer = False
+    cut_stream = False
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Engine.served.append(body)
+        if body.get("stream"):
+            self._stream()
+            return
+        if body.get("max_tokens", 0) < 0:
+            self._answer(400, {"message": "max_tokens must be at least 1"})
+            return
+        self._answer(200, {"echo": body, "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+        if _Engine.close_after_answer:
+            self.close_connection = True  # as an idle keep-alive timeout does, unannounced
+
+    def _answer(self, status: int, payload: dict[str, object]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _stream(self) -> None:
+        """Two chunks, then `[DONE]` unless cut. The body ends when the connection closes
+        (no length, not chunked): a close then looks like a whole answer to the parser."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for token in ("Hel", "lo"):
+            chunk = {"choices": [{"index": 0, "delta": {"content": token}}]}
+            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        if not _Engine.cut_stream:
+            self.wfile.write(b"data: [DONE]\n\n")
+        self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def engine() -> Iterator[str]:
+    _Engine.served, _Engine.close_after_answer, _Engine.cut_stream = [], False, False
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_chat_is_posted_with_stream_off_and_its_body_returned(engine):
+    with EngineClient(engine) as client:
+        first = client.chat({"model": "m", "max_tokens": 5, "stream": True})
+        second = client.completion({"model": "m", "prompt": "hi", "max_tokens": 5})
+    assert first["echo"] == {"model": "m", "max_tokens": 5, "stream": False}
+    assert second["usage"] == {"prompt_tokens": 3, "completion_tokens": 2}
+    assert len(_Engine.served) == 2
+
+
+def test_a_refusal_is_the_clients_error_with_the_engines_words(engine):
+    with EngineClient(engine) as client, pytest.raises(EngineRequestError) as caught:
+        client.chat({"model": "m", "max_tokens": -1})
+    assert caught.value.status_code == 400
+    assert "max_tokens must be at least 1" in caught.value.body
+
+
+def test_a_connection_the_engine_closed_while_idle_is_replaced_without_a_second_run(engine):
+    _Engine.close_after_answer = True
+    with EngineClient(engine) as client:
+        for index in range(3):
+            assert client.chat({"model": "m", "max_tokens": index})["echo"]["max_tokens"] == index
+    assert [body["max_tokens"] for body in _Engine.served] == [0, 1, 2]  # each ran once
+
+
+def test_an_engine_that_is_gone_is_unavailable():
+    with (
+        EngineClient("http://127.0.0.1:9", timeout_s=2) as client,
+        pytest.raises(EngineUnavailable),
+    ):
+        client.chat({"model": "m"})
+
+
+def test_a_whole_stream_yields_its_chunks_and_a_cut_one_raises_after_them(engine):
+    with EngineClient(engine) as client:
+        whole = list(client.stream_chat({"model": "m", "max_tokens": 5}))
+        _Engine.cut_stream = True
+        received: list[dict[str, object]] = []
+        with pytest.raises(EngineUnavailable, match="without \\[DONE\\]"):
+            received.extend(client.stream_chat({"model": "m", "max_tokens": 5}))
+    assert [c["choices"][0]["delta"]["content"] for c in whole] == ["Hel", "lo"]
+    assert received == whole

@@ -1,0 +1,191 @@
+"""The inference endpoints as the web serves them (config.asgi): in front of Django, they
+answer bad requests in OpenAI's error shape without reaching the queue, and every other
+path still goes to Django."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from scheduler import online
+from tests.asgi import asgi_request
+
+CHAT = "/v1/chat/completions"
+
+
+def error_of(response) -> dict:
+    assert response.headers["content-type"] == "application/json"
+    error: dict = response.json()["error"]
+    assert set(error) == {"message", "type", "code", "param"}
+    return error
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/completions"])
+def test_only_post_is_allowed(path):
+    response = asgi_request("GET", path)
+    assert response.status_code == 405
+    assert error_of(response)["code"] == "method_not_allowed"
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read_whole(settings):
+    settings.GPUSHARE_MAX_BODY_BYTES = 1000
+    declared = asgi_request("POST", CHAT, content=b"x" * 1001)
+    assert declared.status_code == 413
+    assert error_of(declared)["code"] == "request_too_large"
+
+    async def chunks():  # no Content-Length: counted as it arrives
+        for _ in range(5):
+            yield b"y" * 300
+
+    streamed = asgi_request("POST", CHAT, content=chunks())
+    assert streamed.status_code == 413
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [(b"{not json", None), (b'{"model": "m"}', "messages"), (b"\xff\xfe", None)],
+)
+def test_malformed_requests_are_400_with_the_field_named(body, param):
+    response = asgi_request("POST", CHAT, content=body)
+    assert response.status_code == 400
+    assert error_of(response)["param"] == param
+
+
+def test_a_request_without_a_key_is_401():
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    response = asgi_request("POST", CHAT, json=body)
+    assert response.status_code == 401
+    assert error_of(response)["type"] == "authentication_error"
+    assert response.headers["x-content-type-options"] == "nosniff"
+
+
+@pytest.mark.django_db
+def test_other_paths_are_served_by_django():
+    assert asgi_request("GET", "/healthz").status_code == 200
+    models = asgi_request("GET", "/v1/models")  # DRF: a key is required there too
+    assert models.status_code == 401
+    assert asgi_request("GET", "/v1/chat/completions/").status_code == 404
+
+
+def test_the_web_has_a_redis_connection_for_every_request_it_lets_wait(settings):
+    settings.GPUSHARE_MAX_WAITING_REQUESTS = 1234
+
+    async def pool_size() -> int:
+        size: int = online._loop_state()[1].connection_pool.max_connections
+        return size
+
+    assert asyncio.run(pool_size()) == 1234  # redis-py's default of 100 failed the 101st
+
+
+def test_a_client_that_leaves_while_sending_its_body_gets_nothing_and_queues_nothing():
+    from config.asgi import application
+
+    messages: list[dict] = [
+        {"type": "http.request", "body": b'{"model": "m", "mess', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return messages.pop(0)
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": []}
+    asyncio.run(application(scope, receive, send))
+    assert sent == []
+
+
+def waiting_request(job_id: str) -> online.Admitted:
+    """An admitted chat request whose job has the id `job_id` (the tests publish its events)."""
+    from scheduler.fairqueue.domain import Job
+    from scheduler.inference import parse_inference_request
+
+    job = Job(job_id=job_id, tenant="t", pool="p", request_class="standard", prompt_tokens=1,
+              max_tokens=1, kv_bytes=1, deadline=9e9)  # fmt: skip
+    request = parse_inference_request(
+        "chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    )
+    return online.Admitted(job, request, tenant_id=1, api_key_id=1, received_at=0.0)
+
+
+def test_a_waiter_whose_client_left_stops_at_its_next_event_even_if_not_cancelled(redis_db):
+    """The relay must not depend on task cancellation alone: redis-py's asyncio client can
+    swallow a cancellation that lands in a blocking read, and the relay then streamed to the
+    end for nobody (the job was never cancelled)."""
+    from scheduler.pools import fair_queue
+
+    admitted = waiting_request("j1")
+    queue = fair_queue()
+    queue.publish("j1", {"event": "picked", "attempt": 1})
+    queue.publish("j1", {"event": "chunk", "attempt": 1, "data": {}})
+    queue.publish("j1", {"event": "chunk", "attempt": 1, "data": {}})
+
+    seen: list[str] = []
+
+    async def relay() -> None:
+        client_gone = asyncio.Event()
+        async for event in online.follow(admitted, client_gone):
+            seen.append(event["event"])
+            client_gone.set()  # the client leaves after the first event
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(relay())
+    assert seen == ["picked"]
+    assert redis_db.llen(queue.keys.events("j1")) == 1  # the rest is left unread
+
+
+def test_a_client_read_timeout_while_waiting_for_events_is_no_news_not_an_error(redis_db, settings):
+    """redis-py 8's read timeout (5 s by default) fired on a machine stalled by a starting CPU
+    engine, and the request ended with 503. Here the web's client times out after 0.1 s, well
+    inside its 1 s wait, and the answer comes after several such timeouts."""
+    import threading
+
+    from scheduler.pools import fair_queue
+
+    settings.REDIS_URL = f"{settings.REDIS_URL}?socket_timeout=0.1"
+    admitted = waiting_request("j2")
+    queue = fair_queue()
+    queue.publish("j2", {"event": "picked", "attempt": 1})
+    later = threading.Timer(0.5, queue.publish, ("j2", {"event": "done", "attempt": 1}))
+
+    async def relay() -> list[str]:
+        later.start()
+        return [event["event"] async for event in online.follow(admitted)]
+
+    try:
+        assert asyncio.run(relay()) == ["picked", "done"]
+    finally:
+        later.cancel()
+
+
+def test_an_event_that_arrives_while_the_web_is_stalled_past_5_s_is_not_lost(redis_db):
+    """redis-py 8 times a read out after 5 s by default; a BLPOP reply that arrives while the
+    process is stalled that long was lost (Redis had popped it, the client dropped the
+    connection), and the request then waited for an answer already gone. The stall here
+    blocks the web's event loop for 5.5 s while its wait for `done` is under way."""
+    import threading
+    import time
+
+    from scheduler.pools import fair_queue
+
+    admitted = waiting_request("j3")
+    queue = fair_queue()
+    queue.publish("j3", {"event": "picked", "attempt": 1})
+    answer = threading.Timer(0.3, queue.publish, ("j3", {"event": "done", "attempt": 1}))
+
+    async def relay() -> list[str]:
+        seen = []
+        async for event in online.follow(admitted):
+            seen.append(event["event"])
+            if event["event"] == "picked":  # the next wait starts: stall the loop under it
+                answer.start()
+                asyncio.get_running_loop().call_later(0.1, time.sleep, 5.5)
+        return seen
+
+    try:
+        assert asyncio.run(asyncio.wait_for(relay(), timeout=12)) == ["picked", "done"]
+    finally:
+        answer.cancel()

@@ -1,0 +1,121 @@
+"""The dispatch loop's bookkeeping on the real Redis fair queue: each job it runs is released
+once with its real tokens (with the next pick in the same step), a turn that ends hands the
+rest of the pool to a new message, and a failure after a job ran does not strand the job it
+had already picked. The engine call is replaced by a recorded result: what runs on a real
+engine is covered in tests/e2e and tests/reliability."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from scheduler.fairqueue import EnginePolicy, FairQueue, Job, TenantPolicy
+from scheduler.pools import fair_queue
+from workers import dispatch as dispatch_module
+from workers import tasks
+from workers.runner import RunResult
+
+POOL = "m"
+UNIT = 256 * 1024 * 1024
+
+
+@pytest.fixture
+def queue(redis_db) -> FairQueue:
+    queue = fair_queue()
+    queue.set_tenant_policy("acme", TenantPolicy(1, 8 * UNIT))
+    queue.set_engine_policy(EnginePolicy("e1", POOL, 8 * UNIT, 2))
+    return queue
+
+
+@pytest.fixture
+def ran(monkeypatch) -> list[Job]:
+    """Jobs 'run' in order; each used 10 prompt and 5 completion tokens."""
+    seen: list[Job] = []
+
+    def run_picked(queue: FairQueue, job: Job) -> RunResult:
+        seen.append(job)
+        return RunResult(outcome="success", prompt_tokens=10, completion_tokens=5)
+
+    monkeypatch.setattr(dispatch_module, "run_picked", run_picked)
+    monkeypatch.setattr(dispatch_module, "settle_and_record", lambda job, result: None)
+    return seen
+
+
+def enqueue(queue: FairQueue, count: int) -> list[str]:
+    return [submit(queue).job_id for _ in range(count)]
+
+
+def submit(queue: FairQueue) -> Job:
+    return queue.enqueue(
+        tenant="acme", pool=POOL, request_class="standard", prompt_tokens=10, max_tokens=20,
+        kv_bytes=UNIT,
+    )  # fmt: skip
+
+
+def test_every_job_runs_once_and_is_released_with_its_tokens(queue, ran):
+    ids = enqueue(queue, 5)
+    assert dispatch_module.dispatch_pool(POOL) == 5
+    assert [job.job_id for job in ran] == ids
+    for job_id in ids:
+        fields = queue.redis.hgetall(queue.keys.job(job_id))
+        assert fields["state"] == "done"
+        assert (fields["used_prompt_tokens"], fields["used_completion_tokens"]) == ("10", "5")
+    snap = queue.snapshot()
+    assert snap.engine_reserved_bytes["e1"] == 0
+    assert snap.engine_inflight["e1"] == 0
+    assert queue.check().ok
+
+
+def test_a_turn_that_ends_releases_its_job_and_hands_the_rest_on(queue, ran, monkeypatch):
+    sent: list[str] = []
+    monkeypatch.setattr(tasks.dispatch, "delay", sent.append)
+    enqueue(queue, 3)
+    assert dispatch_module.dispatch_pool(POOL, turn_s=0.0) == 1
+    # One message from the loop's start (more work waited and no loop was idle: it fans
+    # out), one from the end of its turn.
+    assert sent == [POOL, POOL]
+    assert queue.snapshot().engine_inflight["e1"] == 0
+    assert [row.waiting for row in queue.snapshot().queues] == [2]
+
+
+def test_a_failed_ledger_write_gives_back_the_job_picked_next(queue, ran, monkeypatch):
+    def fail(job: Job, result: RunResult) -> None:
+        raise RuntimeError("the ledger is down")
+
+    monkeypatch.setattr(dispatch_module, "settle_and_record", fail)
+    first, second = enqueue(queue, 2)
+    with pytest.raises(RuntimeError):
+        dispatch_module.dispatch_pool(POOL)
+    assert queue.get_job(first).state == "done"
+    picked_again = queue.get_job(second)
+    assert picked_again is not None
+    assert picked_again.state == "queued"  # not left leased to a loop that stopped
+    assert queue.snapshot().engine_inflight["e1"] == 0
+    assert queue.check().ok
+
+
+def test_a_loop_with_nothing_to_run_waits_and_new_work_reaches_it_without_a_message(
+    queue, ran, monkeypatch
+):
+    sent: list[str] = []
+    monkeypatch.setattr(tasks.dispatch, "delay", sent.append)
+    done: list[int] = []
+    loop = threading.Thread(target=lambda: done.append(dispatch_module.dispatch_pool(POOL)))
+    loop.start()
+    deadline = time.monotonic() + 5
+    while not queue.redis.zcard(queue.keys.idle_loops(POOL)) and time.monotonic() < deadline:
+        time.sleep(0.01)  # until the loop has found nothing and waits
+
+    job, summon = queue.enqueue_summoning(
+        tenant="acme", pool=POOL, request_class="standard", prompt_tokens=10, max_tokens=20,
+        kv_bytes=UNIT,
+    )  # fmt: skip
+
+    assert summon is False
+    loop.join(timeout=10)
+    assert done == [1]  # it ran the job, then waited in vain and ended
+    assert [j.job_id for j in ran] == [job.job_id]
+    assert sent == []  # no Celery message on the way
+    assert queue.redis.zcard(queue.keys.idle_loops(POOL)) == 0
