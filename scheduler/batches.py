@@ -489,13 +489,39 @@ def _audit_queued(batch: Batch, queue: FairQueue, now: datetime) -> tuple[int, l
                     lost_seen_at=now
                 )
                 live += 1
-            elif now - line.lost_seen_at > grace:
-                lost.append(line)
-            else:
+            elif now - line.lost_seen_at <= grace:
                 live += 1
+            elif not _recover_answer(queue, line):
+                lost.append(line)
         else:
             live += 1
     return live, lost
+
+
+def _recover_answer(queue: FairQueue, line: BatchLine) -> bool:
+    """Writes the answer of a line whose job ended but whose answer never reached the
+    database (its worker died, or lost the database, right after the run): the job's events
+    still hold it, so the line is not run a second time. False when they do not."""
+    for event in reversed(queue.events(line.job_id)):
+        if event.get("event") == "done":
+            fields = _answer_fields(line.job_id, event.get("body"), None, 200)
+        elif event.get("event") == "error":
+            fields = _answer_fields(line.job_id, None, event.get("body"), event.get("status", 500))
+        else:
+            continue
+        if fields is None:
+            return False
+        log.info("batch line %s: answer of job %s recovered from its events", line.pk, line.job_id)
+        BatchLine.objects.filter(pk=line.pk, state__in=UNFINISHED_LINE_STATES).update(**fields)
+        return True
+    return False
+
+
+def line_job_id(batch: Batch, line: BatchLine) -> str:
+    """The fair-queue job of the line's next run. Derived, not random: a feed whose
+    transaction rolled back after it had enqueued (Redis keeps what the database forgets)
+    finds its job again on the next feed instead of running the line a second time."""
+    return f"{batch.public_id}-{line.index}-{line.runs + 1}"
 
 
 def _feed(batch: Batch, queue: FairQueue, now: datetime) -> list[str]:
@@ -584,7 +610,7 @@ class _Feeder:
             return False
         body = {**request.body, "max_tokens": max_tokens}
         body.pop("max_completion_tokens", None)
-        job_id = uuid.uuid4().hex
+        job_id = line_job_id(self.batch, line)
         payload = {
             "endpoint": request.endpoint,
             "body": body,
@@ -618,11 +644,12 @@ class _Feeder:
         try:
             self._enqueue(job_fields, route)
         except JobRejected as exc:
-            limits_settle(admission=admission, used_tokens=0)
+            limits_settle(admission=admission, used_tokens=0)  # counted by the first feed
             if exc.reason == "no_engine":
                 return False
-            _finish_unrun(line, 400, exc.reason, exc.message, "max_tokens")
-            return True
+            if exc.reason != "duplicate_job":  # duplicate: already queued by a rolled-back feed
+                _finish_unrun(line, 400, exc.reason, exc.message, "max_tokens")
+                return True
         line.state, line.job_id, line.runs = LineState.QUEUED, job_id, line.runs + 1
         line.fed_at, line.lost_seen_at = self.now, None
         self.fed.append(line)
@@ -778,29 +805,43 @@ def batch_line_finished(
 
     Never raises: a result that cannot be written leaves the line queued with its job ended,
     and the feeder runs it again after the grace period."""
-    if response_body is not None:
-        state, body, status_code = LineState.SUCCEEDED, response_body, 200
-    elif error_body is not None:
-        state, body = LineState.FAILED, error_body
-    else:
+    fields = _answer_fields(job_id, response_body, error_body, status_code)
+    if fields is None:
         return False  # the run was cut short (cancelled, lease lost): the line runs again
     try:
         written = BatchLine.objects.filter(
             batch_id=request["batch_pk"],
             custom_id=request["custom_id"],
             state__in=UNFINISHED_LINE_STATES,
-        ).update(
-            state=state,
-            finished_at=timezone.now(),
-            response={"status_code": status_code, "request_id": job_id, "body": body},
-        )
-        _feed_soon(int(request["batch_pk"]))
-    except Exception:
+        ).update(**fields)
+    except Exception:  # the feeder writes it from the job's events after the grace period
         log.exception(
             "batch line %s of job %s: result not written", request.get("custom_id"), job_id
         )
         return False
+    try:
+        fair_queue().forget_events(job_id)  # stored in the database now; nobody reads them
+        _feed_soon(int(request["batch_pk"]))
+    except Exception:  # the feeder's beat tick tops the window up instead
+        log.exception("batch %s: feeding after line %s failed", request["batch_pk"], job_id)
     return bool(written)
+
+
+def _answer_fields(
+    job_id: str, response_body: Any, error_body: Any, status_code: int
+) -> dict[str, Any] | None:
+    """The line's columns for a run's answer; None when the run gave none."""
+    if response_body is not None:
+        state, body, status_code = LineState.SUCCEEDED, response_body, 200
+    elif error_body is not None:
+        state, body = LineState.FAILED, error_body
+    else:
+        return None
+    return {
+        "state": state,
+        "finished_at": timezone.now(),
+        "response": {"status_code": status_code, "request_id": job_id, "body": body},
+    }
 
 
 # --- selectors ------------------------------------------------------------------------------

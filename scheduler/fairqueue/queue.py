@@ -359,6 +359,16 @@ class FairQueue:
         event: dict[str, Any] = json.loads(_text(answer[1]))
         return event
 
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's events nobody has taken yet, oldest first, left in place."""
+        return [
+            json.loads(_text(raw)) for raw in self.redis.lrange(self.keys.events(job_id), 0, -1)
+        ]
+
+    def forget_events(self, job_id: str) -> None:
+        """Drops the job's untaken events (a batch line's, once its answer is stored)."""
+        self.redis.delete(self.keys.events(job_id))
+
     # --- reads ------------------------------------------------------------------------------
 
     def _hash(self, key: str) -> dict[str, str]:

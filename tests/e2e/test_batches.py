@@ -173,7 +173,14 @@ def test_a_batch_runs_through_the_openai_client_and_lands_in_the_ledger(platform
         if total >= count:
             break
         time.sleep(1)
-    assert total == count
+    breakdown = platform_server.shell(
+        "import json; from django.db.models import Count; "
+        "from tenants.models import UsageRecord as U; "
+        f"print(json.dumps(list(U.objects.filter(tenant__slug='{slug}').values_list("
+        "'outcome', 'error_code', 'status_code').annotate(n=Count('pk')).order_by())))"
+    )
+    reruns = {cid: n for cid, n in line_runs(platform_server, done.id).items() if n != 1}
+    assert (total, reruns) == (count, {}), breakdown
     assert rows == [["offline", done.id, "success"]]
     assert [b.id for b in client.batches.list(limit=5)] == [done.id]
 

@@ -327,6 +327,64 @@ def test_a_job_that_ended_without_its_result_is_fed_again_after_the_grace(
     assert line.job_id != job.job_id
 
 
+def test_an_answer_the_database_missed_is_taken_from_the_job_s_events_not_run_again(
+    files_dir, queue, owner_key, settings
+):
+    """The worker ran the line and told its events, then could not write the line (its
+    database connection failed): the feeder writes the answer after the grace period."""
+    settings.GPUSHARE_BATCH_LOST_GRACE_S = 0
+    created = start_batch(bearer_client(owner_key), chat_jsonl(1))
+    process(created["id"])
+    job = queue.pick(MODEL, MODEL)
+    answer = answer_for(json.loads(job.payload))
+    queue.publish(job.job_id, {"event": "done", "body": answer, "attempt": job.attempt})
+    queue.release(job.job_id, 5, 1, attempt=job.attempt)
+
+    process(created["id"])  # sees the job ended and starts the grace period
+    process(created["id"])
+    line = BatchLine.objects.get(batch__public_id=created["id"])
+    assert (line.state, line.runs) == (LineState.SUCCEEDED, 1)
+    assert line.response == {"status_code": 200, "request_id": job.job_id, "body": answer}
+    assert waiting_jobs(queue) == 0
+
+
+def test_a_feed_rolled_back_after_it_queued_lines_queues_them_once_on_the_next_feed(
+    files_dir, queue, owner_key, monkeypatch
+):
+    """The database forgot a feed (its transaction failed half-way, e.g. a Redis timeout)
+    while Redis kept the jobs it had queued: the next feed finds them, nothing runs twice."""
+    client = bearer_client(owner_key)
+    created = start_batch(client, chat_jsonl(6))
+    process(created["id"])  # validated; its first window is fed: undo that feed's effects
+    queue.redis.flushdb()
+    BatchLine.objects.filter(batch__public_id=created["id"]).update(
+        state=LineState.PENDING, job_id="", runs=0
+    )
+    enqueue = queue.enqueue
+    fed: list[str] = []
+
+    def enqueue_then_fail(**fields: Any):
+        job = enqueue(**fields)
+        fed.append(fields["job_id"])
+        if len(fed) == 3:
+            raise ConnectionError("Redis went away")
+        return job
+
+    monkeypatch.setattr(queue, "enqueue", enqueue_then_fail)
+    with pytest.raises(ConnectionError):
+        process(created["id"])
+    assert lines_by_state(created["id"]) == {LineState.PENDING: 6}
+    assert waiting_jobs(queue) == 3
+
+    monkeypatch.setattr(queue, "enqueue", enqueue)
+    process(created["id"])
+    assert lines_by_state(created["id"]) == {LineState.QUEUED: 6}
+    assert waiting_jobs(queue) == 6
+    done = run_to_the_end(client, created["id"], queue)
+    assert done["request_counts"] == {"total": 6, "completed": 6, "failed": 0}
+    assert set(BatchLine.objects.values_list("runs", flat=True)) == {1}
+
+
 def test_cancel_stops_admitting_lets_running_lines_finish_and_delivers_them(
     files_dir, queue, owner_key, settings
 ):
