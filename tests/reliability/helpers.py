@@ -64,8 +64,14 @@ class Answer:
 
 
 def post(
-    http: httpx.Client, key: str, body: dict[str, Any], path: str = "/v1/chat/completions"
+    http: httpx.Client,
+    key: str,
+    body: dict[str, Any],
+    path: str = "/v1/chat/completions",
+    events: list[Any] | None = None,
 ) -> Answer:
+    """Sends one request and reads its whole answer. A stream's events are appended to
+    `events` as they come, when given, so a test can watch a stream's progress."""
     headers = {"Authorization": f"Bearer {key}"}
     try:
         if not body.get("stream"):
@@ -76,6 +82,8 @@ def post(
             "POST", path, json=body, headers=headers, timeout=CLIENT_TIMEOUT_S
         ) as response:
             answer = Answer(response.status_code, response.headers.get("X-Request-Id"))
+            if events is not None:
+                answer.events = events
             if response.status_code != 200:
                 response.read()
                 answer.body = _parsed(response)

@@ -51,6 +51,25 @@ def engine_row(stack: Stack) -> dict[str, Any]:
     return row
 
 
+def run_in_slices_until_each_stream_has_a_chunk(pgid: int, seen: list[list[Any]]) -> int:
+    """Lets the frozen engine run 50 ms at a time, then waits (frozen) for the platform to
+    relay what it made, until every stream's client has a chunk; the engine stays frozen.
+    Returns how many slices it ran."""
+    for slices in range(400):
+        if all(any("choices" in e for e in events) for events in seen):
+            unfinished = [
+                e for events in seen for e in events
+                if any(c.get("finish_reason") for c in e.get("choices") or [])
+            ]  # fmt: skip
+            assert not unfinished, f"a stream ended before the kill: {unfinished[:1]}"
+            return slices
+        os.killpg(pgid, signal.SIGCONT)
+        time.sleep(0.05)
+        os.killpg(pgid, signal.SIGSTOP)
+        time.sleep(0.2)  # the relay (worker, Redis, web) catches up meanwhile
+    raise AssertionError(f"no chunk reached every stream: {[len(e) for e in seen]} events")
+
+
 def test_killing_the_engine_mid_stream_ends_streams_marks_it_failed_and_frees_all(
     crash_stack: Stack,
 ) -> None:
@@ -58,19 +77,30 @@ def test_killing_the_engine_mid_stream_ends_streams_marks_it_failed_and_frees_al
     _, key = make_tenant(platform, quota_units="8")
     pid = engine_row(crash_stack)["pid"]
     assert pid
-    # Long enough to be mid-stream at the kill even on a fast machine: killed as soon as the
-    # seats are taken (0.5 s after was too late in CI, where the streams had ended by then).
+    # The engine runs only in short slices from the moment the streams hold the seats until
+    # each stream has shown its client a chunk, and is killed while frozen: every stream is
+    # mid-stream at the kill however slow this machine (or this test's process) is. Killing
+    # it a fixed time after the seats filled was flaky: a starved test process killed it
+    # after the streams had ended.
     streams = [chat_body(3900, stream=True) for _ in range(SEATS)]
+    seen: list[list[Any]] = [[] for _ in streams]
     queued = [chat_body(32) for _ in range(4)]
     with httpx.Client(base_url=platform.base_url) as http, ThreadPoolExecutor(8) as pool:
-        stream_futures = [pool.submit(post, http, key, body) for body in streams]
+        stream_futures = [
+            pool.submit(post, http, key, body, events=events)
+            for body, events in zip(streams, seen, strict=True)
+        ]
         wait_until(
-            lambda: sum(queue.snapshot().engine_inflight.values()) == SEATS, 60, "seats full"
+            lambda: sum(queue.snapshot().engine_inflight.values()) == SEATS,
+            60,
+            "seats full",
+            interval=0.01,
         )
-        queued_futures = [pool.submit(post, http, key, body) for body in queued]
-        time.sleep(0.05)  # the streams are under way; the others wait for a seat
         pgid = os.getpgid(pid)
-        os.killpg(pgid, signal.SIGKILL)  # the server and its engine-core children
+        os.killpg(pgid, signal.SIGSTOP)  # the server and its engine-core children
+        queued_futures = [pool.submit(post, http, key, body) for body in queued]
+        slices = run_in_slices_until_each_stream_has_a_chunk(pgid, seen)
+        os.killpg(pgid, signal.SIGKILL)
         killed_at = time.monotonic()
         stream_answers = [f.result() for f in stream_futures]
         streams_ended_s = time.monotonic() - killed_at
@@ -82,7 +112,8 @@ def test_killing_the_engine_mid_stream_ends_streams_marks_it_failed_and_frees_al
         queued_s = time.monotonic() - killed_at
         late = post(http, key, chat_body(16))
     print(
-        f"\nstreams ended {streams_ended_s:.1f} s, engine marked failed {failed_s:.1f} s, "
+        f"\nkilled after {slices} slices of 50 ms; streams ended {streams_ended_s:.1f} s, "
+        f"engine marked failed {failed_s:.1f} s, "
         f"queued answered {queued_s:.1f} s after the kill; detail: {row['status_detail']!r}"
     )
 
