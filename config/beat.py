@@ -1,0 +1,22 @@
+"""Celery beat's scheduler without its busy wait.
+
+Stock beat files each entry in its heap 10 ms before it is due (the `drift` of `adjust`), then
+asks the entry itself, which says "not yet" for those last 10 ms: the entry is filed again at
+a moment already past and beat ticks again at once, without sleeping, until it is due. With
+entries due every second or two, that spin was most of what beat cost: about 87 ticks a
+second instead of 3, and 18-22 ms of CPU a second on an idle platform (measured with cProfile
+and /proc). Filing entries at the moment they are due leaves one tick per due entry.
+"""
+
+from __future__ import annotations
+
+from celery.beat import Scheduler
+
+
+class PunctualScheduler(Scheduler):
+    """The in-memory scheduler (nothing to lose on a restart: every entry runs every few
+    seconds, the longest every few minutes), waking when an entry is due, not 10 ms before."""
+
+    # `n` is seconds (a float), typed as celery-types has it.
+    def adjust(self, n: int, drift: float = 0.0) -> float:
+        return super().adjust(n, drift=drift)
