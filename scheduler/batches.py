@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
@@ -511,8 +511,17 @@ def _recover_answer(queue: FairQueue, line: BatchLine) -> bool:
             continue
         if fields is None:
             return False
+        try:
+            with transaction.atomic():  # a savepoint: the feed goes on if this write fails
+                BatchLine.objects.filter(pk=line.pk, state__in=UNFINISHED_LINE_STATES).update(
+                    **fields
+                )
+        except DatabaseError:
+            log.exception(
+                "batch line %s: the answer of job %s cannot be stored", line.pk, line.job_id
+            )
+            return False  # the line runs again
         log.info("batch line %s: answer of job %s recovered from its events", line.pk, line.job_id)
-        BatchLine.objects.filter(pk=line.pk, state__in=UNFINISHED_LINE_STATES).update(**fields)
         return True
     return False
 

@@ -348,6 +348,27 @@ def test_an_answer_the_database_missed_is_taken_from_the_job_s_events_not_run_ag
     assert waiting_jobs(queue) == 0
 
 
+def test_an_answer_with_a_nul_character_is_stored_and_delivered_as_the_model_wrote_it(
+    files_dir, queue, owner_key
+):
+    """PostgreSQL's jsonb refuses U+0000, which models do write (seen in CI: the line's
+    answer was lost and the line ran again)."""
+    client = bearer_client(owner_key)
+    created = start_batch(client, chat_jsonl(1))
+    process(created["id"])
+    job = queue.pick(MODEL, MODEL)
+    answer = answer_for(json.loads(job.payload))
+    answer["choices"][0]["message"]["content"] = "before\x00after"
+    queue.release(job.job_id, 5, 1, attempt=job.attempt)
+    settle_and_record(job, RunResult(outcome="success", response_body=answer, finished_at=1.0))
+
+    line = BatchLine.objects.get(batch__public_id=created["id"])
+    assert (line.state, line.runs) == (LineState.SUCCEEDED, 1)
+    done = run_to_the_end(client, created["id"], queue)
+    [record] = file_lines(client, done["output_file_id"])
+    assert record["response"]["body"]["choices"][0]["message"]["content"] == "before\x00after"
+
+
 def test_a_feed_rolled_back_after_it_queued_lines_queues_them_once_on_the_next_feed(
     files_dir, queue, owner_key, monkeypatch
 ):
