@@ -25,11 +25,12 @@ from scheduler.batches import batch_line_finished
 from scheduler.engines.client import EngineClient
 from scheduler.engines.supervisor import engine_client
 from scheduler.fairqueue.domain import DispatchLoop, Job
-from scheduler.fairqueue.queue import FairQueue
+from scheduler.fairqueue.queue import FairQueue, LastWords
 from scheduler.models import Engine
 from scheduler.pools import fair_queue
 from scheduler.units import UNIT_BYTES
 from tenants.limits import Admission, limits_settle
+from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
 from tenants.usage_buffer import usage_push
 from workers.runner import RunResult, reserved_unit_seconds, run_job
 
@@ -105,15 +106,17 @@ def _run_one(
     returns; records the job that ran."""
     result = run_picked(queue, job)
     used = (result.prompt_tokens, result.completion_tokens)
+    request = json.loads(job.payload)
+    words = last_words(job, request, result)
     next_job = None
     if time.monotonic() > turn_ends:
-        queue.release(job.job_id, *used, attempt=job.attempt)
+        queue.release(job.job_id, *used, attempt=job.attempt, last_words=words)
         _summon(pool)  # the rest of the pool's work, after whatever waits now
     else:
-        next_job = queue.release_and_pick(job, *used, pool=pool, loop=loop)[1]
+        next_job = queue.release_and_pick(job, *used, pool=pool, loop=loop, last_words=words)[1]
     try:
         if result.outcome != "requeued":
-            settle_and_record(job, result)
+            settle(job, request, result)
     except Exception:
         if next_job is not None:  # not started: give it back rather than leave it leased
             queue.requeue(next_job.job_id, attempt=next_job.attempt, reason="worker_error")
@@ -141,11 +144,28 @@ def run_picked(queue: FairQueue, job: Job) -> RunResult:
     if engine is None:  # removed while the job waited: give it back for another engine
         queue.requeue(job.job_id, attempt=job.attempt, reason="engine_removed")
         return RunResult(outcome="requeued")
-    return run_job(queue, job, _client_for(engine))
+    return run_job(queue, job, _client_for(engine), hold_done=True)
+
+
+def last_words(job: Job, request: dict[str, Any], result: RunResult) -> LastWords:
+    """The run's `done` event and its ledger row, told with its release (two round trips
+    to Redis fewer per job). A requeued run has neither: its job runs again."""
+    if result.outcome == "requeued":
+        return LastWords()
+    row = json.dumps(usage_fields(job, request, result))
+    return LastWords(event=result.done_event, outbox=USAGE_PENDING_KEY, entry=row)
 
 
 def settle_and_record(job: Job, result: RunResult) -> None:
+    """Records a run whose release told nothing: its ledger row, then `settle`."""
     request = json.loads(job.payload)
+    usage_push(usage_fields(job, request, result))
+    settle(job, request, result)
+
+
+def settle(job: Job, request: dict[str, Any], result: RunResult) -> None:
+    """The run's limits settled to its real tokens and, for a batch line, its answer
+    written to the line (its ledger row went with the release)."""
     used = result.prompt_tokens + result.completion_tokens
     admission = request.get("admission")
     if admission:
@@ -153,7 +173,6 @@ def settle_and_record(job: Job, result: RunResult) -> None:
             limits_settle(admission=Admission(**admission), used_tokens=used)
         except Exception:  # a missed refund only errs on the strict side
             log.warning("could not settle limits of job %s", job.job_id, exc_info=True)
-    usage_push(usage_fields(job, request, result))
     if request.get("batch_id"):  # nobody waits on a batch line: its result goes to its batch
         batch_line_finished(
             job_id=job.job_id, request=request, response_body=result.response_body,

@@ -16,7 +16,7 @@ from scheduler.fairqueue.domain import (
     TenantPolicy,
     config_from_settings,
 )
-from scheduler.fairqueue.queue import FairQueue
+from scheduler.fairqueue.queue import FairQueue, LastWords
 
 __all__ = [
     "CheckReport",
@@ -26,6 +26,7 @@ __all__ = [
     "Job",
     "JobRejected",
     "JobState",
+    "LastWords",
     "QueueRow",
     "Snapshot",
     "TenantPolicy",

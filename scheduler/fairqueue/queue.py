@@ -45,6 +45,7 @@ subscribe and publish as it could be with pub/sub.
 import json
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,25 @@ def _job_from_json(answer: Any, loop: DispatchLoop | None = None) -> Job:
     if loop is not None:
         loop.summon_next = bool(fields.get("summon"))
     return Job.from_hash(fields["job_id"], fields)
+
+
+@dataclass(frozen=True)
+class LastWords:
+    """What a run leaves when it ends, told in the step that releases it rather than in
+    round trips of their own: its final event for the waiter (as `publish` would append it)
+    and an entry for an outbox list the queue does not own (the usage ledger's pending
+    rows)."""
+
+    event: Mapping[str, Any] | None = None
+    outbox: str = ""
+    entry: str = ""
+
+    def args(self) -> list[str]:
+        event = "" if self.event is None else json.dumps(dict(self.event))
+        return [event, self.outbox, self.entry]
+
+
+NO_LAST_WORDS = LastWords()
 
 
 class FairQueue:
@@ -259,11 +279,18 @@ class FairQueue:
         *,
         attempt: int | None = None,
         now: float | None = None,
+        last_words: LastWords | None = None,
     ) -> bool:
         """The job ended: frees its reservation and charges the real tokens. Idempotent:
-        False (and nothing changed) when the job is not running, or not as `attempt`."""
+        False (and nothing changed) when the job is not running, or not as `attempt`.
+        `last_words` are told in the same step, released or not."""
         stamp = "" if attempt is None else str(attempt)
-        answer = self._run("release", job_id, prompt_tokens, completion_tokens, stamp, now=now)
+        answer = self._run(
+            "release",
+            *(job_id, prompt_tokens, completion_tokens, stamp),
+            *(last_words or NO_LAST_WORDS).args(),
+            now=now,
+        )
         return bool(answer)
 
     def release_and_pick(
@@ -276,13 +303,16 @@ class FairQueue:
         engine_id: str = "",
         loop: DispatchLoop | None = None,
         now: float | None = None,
+        last_words: LastWords | None = None,
     ) -> tuple[bool, Job | None]:
         """A worker's turn in one atomic step (one round trip): `release` of the job it ran
-        (as its attempt), then `pick` of its next one. Returns (released, next job)."""
+        (as its attempt, telling its `last_words`), then `pick` of its next one. Returns
+        (released, next job)."""
         answer = self._run(
             "release_pick",
             *(job.job_id, prompt_tokens, completion_tokens, str(job.attempt)),
             *self._pick_args(pool, engine_id, loop),
+            *(last_words or NO_LAST_WORDS).args(),
             now=now,
         )
         released, picked = answer

@@ -6,6 +6,7 @@ engine is covered in tests/e2e and tests/reliability."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -13,6 +14,7 @@ import pytest
 
 from scheduler.fairqueue import EnginePolicy, FairQueue, Job, TenantPolicy
 from scheduler.pools import fair_queue
+from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
 from workers import dispatch as dispatch_module
 from workers import tasks
 from workers.runner import RunResult
@@ -39,7 +41,7 @@ def ran(monkeypatch) -> list[Job]:
         return RunResult(outcome="success", prompt_tokens=10, completion_tokens=5)
 
     monkeypatch.setattr(dispatch_module, "run_picked", run_picked)
-    monkeypatch.setattr(dispatch_module, "settle_and_record", lambda job, result: None)
+    monkeypatch.setattr(dispatch_module, "settle", lambda job, request, result: None)
     return seen
 
 
@@ -50,8 +52,11 @@ def enqueue(queue: FairQueue, count: int) -> list[str]:
 def submit(queue: FairQueue) -> Job:
     return queue.enqueue(
         tenant="acme", pool=POOL, request_class="standard", prompt_tokens=10, max_tokens=20,
-        kv_bytes=UNIT,
+        kv_bytes=UNIT, payload=json.dumps(PAYLOAD),
     )  # fmt: skip
+
+
+PAYLOAD = {"tenant_id": 7, "model": POOL, "endpoint": "chat", "stream": False}
 
 
 def test_every_job_runs_once_and_is_released_with_its_tokens(queue, ran):
@@ -68,6 +73,31 @@ def test_every_job_runs_once_and_is_released_with_its_tokens(queue, ran):
     assert queue.check().ok
 
 
+def test_each_run_tells_its_answer_and_its_ledger_row_with_its_release(queue, monkeypatch):
+    """The waiter's `done` event and the ledger's row go in the release's own step."""
+    answer = {"id": "cmpl-1", "choices": []}
+
+    def run_picked(queue: FairQueue, job: Job) -> RunResult:
+        done = {"event": "done", "body": answer, "attempt": job.attempt}
+        return RunResult(outcome="success", prompt_tokens=10, completion_tokens=5,
+                         finished_at=time.time(), done_event=done)  # fmt: skip
+
+    monkeypatch.setattr(dispatch_module, "run_picked", run_picked)
+    monkeypatch.setattr(dispatch_module, "settle", lambda job, request, result: None)
+    queue.redis.delete(USAGE_PENDING_KEY)
+    ids = enqueue(queue, 3)
+    assert dispatch_module.dispatch_pool(POOL) == 3
+    for job_id in ids:
+        [event] = [json.loads(e) for e in queue.redis.lrange(queue.keys.events(job_id), 0, -1)
+                   if json.loads(e)["event"] == "done"]  # fmt: skip
+        assert event == {"event": "done", "body": answer, "attempt": 1}  # its first run
+    rows = [json.loads(row) for row in queue.redis.lrange(USAGE_PENDING_KEY, 0, -1)]
+    assert [(r["request_id"], r["tenant_id"], r["outcome"]) for r in rows] == [
+        (job_id, 7, "success") for job_id in ids
+    ]
+    assert [(r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [(10, 5)] * 3
+
+
 def test_a_turn_that_ends_releases_its_job_and_hands_the_rest_on(queue, ran, monkeypatch):
     sent: list[str] = []
     monkeypatch.setattr(tasks.dispatch, "delay", sent.append)
@@ -81,10 +111,10 @@ def test_a_turn_that_ends_releases_its_job_and_hands_the_rest_on(queue, ran, mon
 
 
 def test_a_failed_ledger_write_gives_back_the_job_picked_next(queue, ran, monkeypatch):
-    def fail(job: Job, result: RunResult) -> None:
-        raise RuntimeError("the ledger is down")
+    def fail(job: Job, request: dict, result: RunResult) -> None:
+        raise RuntimeError("the database is down")
 
-    monkeypatch.setattr(dispatch_module, "settle_and_record", fail)
+    monkeypatch.setattr(dispatch_module, "settle", fail)
     first, second = enqueue(queue, 2)
     with pytest.raises(RuntimeError):
         dispatch_module.dispatch_pool(POOL)
@@ -110,7 +140,7 @@ def test_a_loop_with_nothing_to_run_waits_and_new_work_reaches_it_without_a_mess
 
     job, summon = queue.enqueue_summoning(
         tenant="acme", pool=POOL, request_class="standard", prompt_tokens=10, max_tokens=20,
-        kv_bytes=UNIT,
+        kv_bytes=UNIT, payload=json.dumps(PAYLOAD),
     )  # fmt: skip
 
     assert summon is False

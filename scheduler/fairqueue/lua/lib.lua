@@ -53,10 +53,23 @@ local function hgetall(key)
   return t
 end
 
+local function emit_raw(job_id, raw)
+  redis.call('RPUSH', k_events(job_id), raw)
+  redis.call('EXPIRE', k_events(job_id), KEEP_S)
+end
+
 local function emit(job_id, event)
   event.at = NOW
-  redis.call('RPUSH', k_events(job_id), cjson.encode(event))
-  redis.call('EXPIRE', k_events(job_id), KEEP_S)
+  emit_raw(job_id, cjson.encode(event))
+end
+
+-- A run's last words, told in the step that releases it (a round trip each, saved): its
+-- final event for the waiter (JSON, '' = none) and an entry for an outbox list ('' = none:
+-- the usage ledger's pending rows). Told whether or not the release is a no-op, as they
+-- were when the worker sent them itself.
+local function tell_last_words(job_id, event, outbox, entry)
+  if event ~= '' then emit_raw(job_id, event) end
+  if entry ~= '' then redis.call('RPUSH', outbox, entry) end
 end
 
 local function get_counter(pool, cls, tenant)
