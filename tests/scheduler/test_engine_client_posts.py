@@ -1,6 +1,8 @@
 """The engine client's generation requests against a small real HTTP server: non-streamed
 (http.client, one kept-alive connection per thread) answers, refusals, an engine that closed
-an idle connection, an engine that is gone; and a stream cut before its end."""
+an idle connection, an engine that is gone; and a stream cut before its end. Last, what the
+worker's runner makes of a stream that ends with `[DONE]` but without a finish reason (what
+a vLLM server whose engine core died sends)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from scheduler.engines.client import EngineClient, EngineRequestError, EngineUnavailable
+from scheduler.fairqueue import EnginePolicy, FairQueue, Job, TenantPolicy
+from scheduler.pools import fair_queue
+from workers.runner import run_job
+
+UNIT = 256 * 1024 * 1024
 
 
 class _Engine(BaseHTTPRequestHandler):
@@ -19,6 +26,7 @@ class _Engine(BaseHTTPRequestHandler):
     served: list[dict[str, object]] = []
     close_after_answer = False
     cut_stream = False
+    ends_with_a_reason = False  # the last chunk has a finish reason, as a whole answer has
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -48,9 +56,12 @@ class _Engine(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
-        for token in ("Hel", "lo"):
-            chunk = {"choices": [{"index": 0, "delta": {"content": token}}]}
-            self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        for token, reason in (
+            ("Hel", None),
+            ("lo", "length" if _Engine.ends_with_a_reason else None),
+        ):
+            choice = {"index": 0, "delta": {"content": token}, "finish_reason": reason}
+            self.wfile.write(f"data: {json.dumps({'choices': [choice]})}\n\n".encode())
         if not _Engine.cut_stream:
             self.wfile.write(b"data: [DONE]\n\n")
         self.close_connection = True
@@ -62,6 +73,7 @@ class _Engine(BaseHTTPRequestHandler):
 @pytest.fixture
 def engine() -> Iterator[str]:
     _Engine.served, _Engine.close_after_answer, _Engine.cut_stream = [], False, False
+    _Engine.ends_with_a_reason = False
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -111,3 +123,42 @@ def test_a_whole_stream_yields_its_chunks_and_a_cut_one_raises_after_them(engine
             received.extend(client.stream_chat({"model": "m", "max_tokens": 5}))
     assert [c["choices"][0]["delta"]["content"] for c in whole] == ["Hel", "lo"]
     assert received == whole
+
+
+def _picked_stream(queue: FairQueue) -> Job:
+    queue.set_tenant_policy("acme", TenantPolicy(1, 8 * UNIT))
+    queue.set_engine_policy(EnginePolicy("e1", "m", 8 * UNIT, 2))
+    payload = {"stream": True, "endpoint": "chat", "body": {"model": "m", "messages": []}}
+    queue.enqueue(
+        tenant="acme", pool="m", request_class="standard", prompt_tokens=4, max_tokens=8,
+        kv_bytes=UNIT, payload=json.dumps(payload),
+    )  # fmt: skip
+    job = queue.pick("m")
+    assert job is not None
+    return job
+
+
+def _events(queue: FairQueue, job: Job) -> list[str]:
+    return [
+        json.loads(e)["event"] for e in queue.redis.lrange(queue.keys.events(job.job_id), 0, -1)
+    ]
+
+
+@pytest.mark.parametrize("finish", [True, False])
+def test_a_stream_without_a_finish_reason_is_an_engine_failure_not_an_answer(
+    engine, redis_db, finish
+):
+    _Engine.ends_with_a_reason = finish
+    queue = fair_queue()
+    job = _picked_stream(queue)
+    with EngineClient(engine) as client:
+        result = run_job(queue, job, client)
+    if finish:
+        assert result.outcome == "success"
+        assert _events(queue, job) == ["picked", "chunk", "chunk", "done"]
+    else:  # run again (on this or another engine of the pool), the waiter told so
+        assert result.outcome == "requeued"
+        assert _events(queue, job) == ["picked", "chunk", "chunk", "requeued"]
+        again = queue.get_job(job.job_id)
+        assert again is not None
+        assert again.state == "queued"
