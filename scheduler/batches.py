@@ -7,7 +7,10 @@ result is written only onto an unfinished line, so a job that runs twice (a reap
 re-fed line) leaves one result. Redis holds only the window of lines in flight, and the
 feeder (`batch_process`, run by beat every few seconds and kicked when lines finish) refills
 it from here and re-feeds any queued line whose job Redis no longer has (a flushed or
-restarted Redis) or whose job ended without its result reaching the database.
+restarted Redis). A line whose job ended without its result reaching the database gets the
+answer from the job's events, kept in Redis until the line holds it, and runs again only if
+they are gone. A line's job id is derived from the line and its run (`line_job_id`), so a
+feed whose transaction failed after it had queued lines finds their jobs on the next feed.
 
 Life of a batch: validating -> in_progress -> finalizing -> completed; or failed (bad file,
 budget), expired (window passed; finished lines still delivered), cancelling -> cancelled.
