@@ -107,7 +107,11 @@ def _run_one(
     result = run_picked(queue, job)
     used = (result.prompt_tokens, result.completion_tokens)
     request = json.loads(job.payload)
-    words = last_words(job, request, result)
+    try:
+        words = last_words(job, request, result)
+    except Exception:  # the job must still be released, and its waiter answered
+        log.exception("job %s: no ledger row", job.job_id)
+        words = LastWords(event=result.done_event)
     next_job = None
     if time.monotonic() > turn_ends:
         queue.release(job.job_id, *used, attempt=job.attempt, last_words=words)
