@@ -816,7 +816,7 @@ def batch_line_finished(
     of the same line, or stopped) keeps its result. True when this run's answer was kept.
 
     Never raises: a result that cannot be written leaves the line queued with its job ended,
-    and the feeder runs it again after the grace period."""
+    and the feeder takes it from the job's events after the grace period."""
     fields = _answer_fields(job_id, response_body, error_body, status_code)
     if fields is None:
         return False  # the run was cut short (cancelled, lease lost): the line runs again
