@@ -205,13 +205,10 @@ def known_prompt_tokens(request: InferenceRequest, engine: Engine) -> int | None
 
 async def count_prompt_tokens(request: InferenceRequest, engine: Engine) -> int:
     """The prompt's tokens as the engine counts them (chat template included); the UTF-8
-    bound if the engine cannot say. Only long prompts are sent to the engine (see
-    `known_prompt_tokens`): under load the engine's answer queues behind every other
+    bound if the engine cannot say. Only for the long prompts that `known_prompt_tokens`
+    leaves to the engine: under load the engine's answer queues behind every other
     request's, first come first served, in front of the fair queue; a flood of one tenant
     then delayed everyone's admission, and the engine's CPU went to counting."""
-    known = known_prompt_tokens(request, engine)
-    if known is not None:
-        return known
     try:
         response = await _loop_http().post(
             f"{engine.base_url}/tokenize", json=tokenize_request_body(request), timeout=5.0

@@ -31,7 +31,6 @@ from scheduler.pools import fair_queue
 from scheduler.units import UNIT_BYTES
 from tenants.limits import Admission, limits_settle
 from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
-from tenants.usage_buffer import usage_push
 from workers.runner import RunResult, reserved_unit_seconds, run_job
 
 log = logging.getLogger(__name__)
@@ -62,9 +61,9 @@ DISPATCH_TURN_S = 15.0
 
 def dispatch_pool(pool: str, *, turn_s: float = DISPATCH_TURN_S) -> int:
     """Runs the pool's admissible jobs one after another; returns how many ran. Each job's
-    release and the next pick are one step (one round trip to Redis); the ledger row of the
-    job that ended is written after that, so the next job does not wait for it. With nothing
-    admissible, waits for work (see the module docstring) until the turn is over."""
+    release, its answer and ledger row (`last_words`) and the next pick are one step (one
+    round trip to Redis). With nothing admissible, waits for work (see the module docstring)
+    until the turn is over."""
     queue = fair_queue()
     loop = DispatchLoop(token=uuid.uuid4().hex)
     turn_ends = time.monotonic() + turn_s
@@ -148,7 +147,7 @@ def run_picked(queue: FairQueue, job: Job) -> RunResult:
     if engine is None:  # removed while the job waited: give it back for another engine
         queue.requeue(job.job_id, attempt=job.attempt, reason="engine_removed")
         return RunResult(outcome="requeued")
-    return run_job(queue, job, _client_for(engine), hold_done=True)
+    return run_job(queue, job, _client_for(engine))
 
 
 def last_words(job: Job, request: dict[str, Any], result: RunResult) -> LastWords:
@@ -158,13 +157,6 @@ def last_words(job: Job, request: dict[str, Any], result: RunResult) -> LastWord
         return LastWords()
     row = json.dumps(usage_fields(job, request, result))
     return LastWords(event=result.done_event, outbox=USAGE_PENDING_KEY, entry=row)
-
-
-def settle_and_record(job: Job, result: RunResult) -> None:
-    """Records a run whose release told nothing: its ledger row, then `settle`."""
-    request = json.loads(job.payload)
-    usage_push(usage_fields(job, request, result))
-    settle(job, request, result)
 
 
 def settle(job: Job, request: dict[str, Any], result: RunResult) -> None:

@@ -52,8 +52,8 @@ class RunResult:
     # Batch lines are written from these, since nobody waits on them.
     response_body: dict[str, Any] | None = None
     error_body: dict[str, Any] | None = None
-    # The run's final `done` event, when the caller tells it together with the release
-    # (`run_job(..., hold_done=True)`) instead of the run publishing it on its own.
+    # The run's final `done` event (None unless it ended well): the caller tells it to the
+    # waiter in the step that releases the job.
     done_event: dict[str, Any] | None = None
 
 
@@ -138,13 +138,10 @@ def _openai_error(message: str, code: str, error_type: str = "server_error") -> 
     return {"error": {"message": message, "type": error_type, "code": code, "param": None}}
 
 
-def run_job(
-    queue: FairQueue, job: Job, client: EngineClient, *, hold_done: bool = False
-) -> RunResult:
+def run_job(queue: FairQueue, job: Job, client: EngineClient) -> RunResult:
     """Runs `job` on `client`'s engine; returns what happened (the ledger's row). The job is
     still reserved when this returns, unless it was requeued or given up: the caller
-    releases it with the result's token counts. With `hold_done`, a run that ends well
-    leaves its `done` event in the result for the caller to tell with the release."""
+    releases it with the result's token counts, telling its `done_event` in the same step."""
     request = json.loads(job.payload)
     keeper = LeaseKeeper(queue, job)
     result = RunResult(outcome="success")
@@ -152,8 +149,7 @@ def run_job(
         if request["stream"]:
             _run_streaming(queue, job, client, request, keeper, result)
         else:
-            _run_whole(queue, job, client, request, result)
-        _done(queue, job, result, hold_done)
+            _run_whole(job, client, request, result)
     except EngineRequestError as exc:
         _answer_engine_refusal(queue, job, exc, result)
     except EngineUnavailable as exc:
@@ -222,12 +218,10 @@ def _run_streaming(
         # An engine whose core died can still end the stream with [DONE] (seen when the
         # engine was killed mid-stream): without a finish reason, the answer is cut short.
         raise EngineUnavailable("the engine's stream ended without a finish reason")
-    result.done_event = {"event": "done", "usage": _usage(result)}
+    result.done_event = {"event": "done", "usage": _usage(result), "attempt": job.attempt}
 
 
-def _run_whole(
-    queue: FairQueue, job: Job, client: EngineClient, request: dict[str, Any], result: RunResult
-) -> None:
+def _run_whole(job: Job, client: EngineClient, request: dict[str, Any], result: RunResult) -> None:
     body = _engine_body(request)
     response = client.chat(body) if request["endpoint"] == "chat" else client.completion(body)
     result.first_token_at = time.time()
@@ -235,16 +229,9 @@ def _run_whole(
     result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
     result.completion_tokens = int(usage.get("completion_tokens") or 0)
     result.response_body = response
-    result.done_event = {"event": "done", "body": response, "usage": _usage(result)}
-
-
-def _done(queue: FairQueue, job: Job, result: RunResult, hold: bool) -> None:
-    if result.done_event is None:
-        return  # the streamed run was cut short: no answer to tell
-    result.done_event["attempt"] = job.attempt
-    if not hold:
-        queue.publish(job.job_id, result.done_event)
-        result.done_event = None
+    result.done_event = {
+        "event": "done", "body": response, "usage": _usage(result), "attempt": job.attempt
+    }  # fmt: skip
 
 
 def _usage(result: RunResult) -> dict[str, int]:

@@ -3,8 +3,8 @@ the fair queue, collect results written through the worker's hook, finalize; can
 budget; a lost Redis and a job run twice neither lose nor duplicate a line.
 
 The engine is registered as ready but not running (prompts are counted by the byte bound);
-a stand-in worker picks jobs from the real fair queue and answers them through the real
-`settle_and_record` hook."""
+a stand-in worker picks jobs from the real fair queue and ends them as the dispatch loop does
+(`finish`: the release with the run's last words, then `settle`)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,13 @@ import pytest
 from django.utils import timezone
 
 from scheduler.batches import batch_get, batch_line_finished, batch_object, batch_process
+from scheduler.fairqueue.domain import Job
 from scheduler.fairqueue.queue import FairQueue
 from scheduler.models import Batch, BatchLine, BatchStatus, Device, Engine, EngineStatus, LineState
 from scheduler.pools import fair_queue
 from tenants.models import UsageRecord
 from tests.conftest import bearer_client
-from workers.dispatch import settle_and_record
+from workers.dispatch import last_words, settle
 from workers.runner import RunResult
 
 MODEL = "tiny-llama"
@@ -103,6 +104,16 @@ def answer_for(request: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def finish(queue: FairQueue, job: Job, result: RunResult) -> None:
+    """Ends a job that ran as the dispatch loop does: released with its answer and ledger
+    row, then settled (for a batch line: its answer written to the line)."""
+    request = json.loads(job.payload)
+    words = last_words(job, request, result)
+    used = (result.prompt_tokens, result.completion_tokens)
+    queue.release(job.job_id, *used, attempt=job.attempt, last_words=words)
+    settle(job, request, result)
+
+
 def run_picked_jobs(queue: FairQueue, *, limit: int = 10_000, engine_id: str = MODEL) -> list[str]:
     """A worker: picks and answers jobs through the real hook; returns their custom ids."""
     ran: list[str] = []
@@ -115,8 +126,7 @@ def run_picked_jobs(queue: FairQueue, *, limit: int = 10_000, engine_id: str = M
             response_body=answer_for(request),
             finished_at=job.enqueued_at,
         )
-        queue.release(job.job_id, 5, 1, attempt=job.attempt)
-        settle_and_record(job, result)
+        finish(queue, job, result)
         ran.append(request["custom_id"])
     return ran
 
@@ -244,8 +254,8 @@ def test_a_job_run_twice_keeps_the_first_result_only(files_dir, queue, owner_key
     request = json.loads(job.payload)
     first = RunResult(outcome="success", response_body={"id": "first"}, finished_at=1.0)
     second = RunResult(outcome="success", response_body={"id": "second"}, finished_at=2.0)
-    settle_and_record(job, first)
-    settle_and_record(job, second)
+    finish(queue, job, first)
+    finish(queue, job, second)
     assert not batch_line_finished(
         job_id="other",
         request=request,
@@ -359,8 +369,7 @@ def test_an_answer_with_a_nul_character_is_stored_and_delivered_as_the_model_wro
     job = queue.pick(MODEL, MODEL)
     answer = answer_for(json.loads(job.payload))
     answer["choices"][0]["message"]["content"] = "before\x00after"
-    queue.release(job.job_id, 5, 1, attempt=job.attempt)
-    settle_and_record(job, RunResult(outcome="success", response_body=answer, finished_at=1.0))
+    finish(queue, job, RunResult(outcome="success", response_body=answer, finished_at=1.0))
 
     line = BatchLine.objects.get(batch__public_id=created["id"])
     assert (line.state, line.runs) == (LineState.SUCCEEDED, 1)
@@ -423,8 +432,10 @@ def test_cancel_stops_admitting_lets_running_lines_finish_and_delivers_them(
     assert process(created["id"]).status == BatchStatus.CANCELLING  # one still runs
 
     request = json.loads(running.payload)
-    settle_and_record(
-        running, RunResult(outcome="success", response_body=answer_for(request), finished_at=1.0)
+    finish(
+        queue,
+        running,
+        RunResult(outcome="success", response_body=answer_for(request), finished_at=1.0),
     )
     process(created["id"])
     done = client.get(f"/v1/batches/{created['id']}").json()
