@@ -238,7 +238,11 @@ GPUSHARE_SCHED_KEEP_S = env_int("GPUSHARE_SCHED_KEEP_S", 24 * 3600)
 GPUSHARE_SCHED_KEY_PREFIX = env_str("GPUSHARE_SCHED_KEY_PREFIX", "gs:fq:")
 # A worker's dispatch loop with nothing to run waits this long for new work (handed to it
 # through Redis, without a Celery message) before it ends and frees its thread.
-GPUSHARE_DISPATCH_IDLE_S = env_float("GPUSHARE_DISPATCH_IDLE_S", 2.0)
+GPUSHARE_DISPATCH_IDLE_S = env_float("GPUSHARE_DISPATCH_IDLE_S", 60.0)
+# Threads of each worker process that dispatch loops leave free for every other task (the
+# periodic tick, engine starts and stops): the process runs at most its thread count less
+# these as loops (at least one).
+GPUSHARE_WORKER_FREE_THREADS = env_int("GPUSHARE_WORKER_FREE_THREADS", 2)
 
 # --- Online path (issue 5) ------------------------------------------------------------
 # Largest JSON body the OpenAI-compatible API accepts (413 above it).
@@ -254,21 +258,8 @@ GPUSHARE_HOUSEKEEPING_INTERVAL_S = env_float("GPUSHARE_HOUSEKEEPING_INTERVAL_S",
 # Finished requests reach the usage ledger in bulk, this often.
 GPUSHARE_USAGE_FLUSH_INTERVAL_S = env_float("GPUSHARE_USAGE_FLUSH_INTERVAL_S", 1.0)
 # Task modules of the workers app (besides workers.tasks, which autodiscovery finds).
-CELERY_IMPORTS: list[str] = []
-CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
-    "housekeeping": {
-        "task": "workers.housekeeping",
-        "schedule": GPUSHARE_HOUSEKEEPING_INTERVAL_S,
-        # A tick nobody ran in time is worthless: the next one does the same work.
-        "options": {"expires": 5 * GPUSHARE_HOUSEKEEPING_INTERVAL_S},
-    },
-    "flush-usage": {
-        "task": "workers.flush_usage",
-        "schedule": GPUSHARE_USAGE_FLUSH_INTERVAL_S,
-        # Late is fine (each flush takes whatever is pending); expiring would starve it.
-        "options": {"expires": 60.0},
-    },
-}
+CELERY_IMPORTS: list[str] = ["workers.periodic"]
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 
 # --- Batches (issue 6) ----------------------------------------------------------------
 # Uploaded JSONL files and batch outputs, one folder per tenant.
@@ -285,11 +276,6 @@ GPUSHARE_BATCH_FEED_INTERVAL_S = env_float("GPUSHARE_BATCH_FEED_INTERVAL_S", 2.0
 # after this long (its worker died between the engine's answer and the write).
 GPUSHARE_BATCH_LOST_GRACE_S = env_float("GPUSHARE_BATCH_LOST_GRACE_S", 10.0)
 CELERY_IMPORTS.append("workers.batch_tasks")
-CELERY_BEAT_SCHEDULE["batch-feeder"] = {
-    "task": "workers.batch_tick",
-    "schedule": GPUSHARE_BATCH_FEED_INTERVAL_S,
-    "options": {"expires": 5 * GPUSHARE_BATCH_FEED_INTERVAL_S},
-}
 
 # --- Telemetry and reports (issue 7) ------------------------------------------------------
 # How often the sampler reads GPUs and engines (seconds), and the time constant of the GPU
@@ -306,11 +292,6 @@ GPUSHARE_TELEMETRY_ROLLUP_INTERVAL_S = env_float("GPUSHARE_TELEMETRY_ROLLUP_INTE
 # cluster's network).
 GPUSHARE_METRICS_TOKEN = env_str("GPUSHARE_METRICS_TOKEN", "")
 CELERY_IMPORTS.append("workers.telemetry_tasks")
-CELERY_BEAT_SCHEDULE["telemetry-sample"] = {
-    "task": "workers.telemetry_sample",
-    "schedule": GPUSHARE_TELEMETRY_INTERVAL_S,
-    "options": {"expires": 2 * GPUSHARE_TELEMETRY_INTERVAL_S},
-}
 CELERY_BEAT_SCHEDULE["telemetry-rollup"] = {
     "task": "workers.telemetry_rollup",
     "schedule": GPUSHARE_TELEMETRY_ROLLUP_INTERVAL_S,
@@ -326,10 +307,23 @@ GPUSHARE_SCALER_PENDING_TIMEOUT_S = env_float(
     "GPUSHARE_SCALER_PENDING_TIMEOUT_S", GPUSHARE_ENGINE_START_TIMEOUT_S + 300.0
 )
 CELERY_IMPORTS.append("workers.scaling_tasks")
-CELERY_BEAT_SCHEDULE["scaler"] = {
-    "task": "workers.scaler_tick",
-    "schedule": GPUSHARE_SCALER_INTERVAL_S,
-    "options": {"expires": 3 * GPUSHARE_SCALER_INTERVAL_S},
+
+# --- The periodic tick ---------------------------------------------------------------
+# One beat message carries the frequent periodic jobs (ledger flush, housekeeping, batch
+# feeder, telemetry sampler, scaler), each at its own interval above (workers.periodic):
+# each message costs several ms of CPU whatever it carries. It comes at the shortest one.
+GPUSHARE_TICK_INTERVAL_S = min(
+    GPUSHARE_USAGE_FLUSH_INTERVAL_S,
+    GPUSHARE_HOUSEKEEPING_INTERVAL_S,
+    GPUSHARE_BATCH_FEED_INTERVAL_S,
+    GPUSHARE_TELEMETRY_INTERVAL_S,
+    GPUSHARE_SCALER_INTERVAL_S,
+)
+CELERY_BEAT_SCHEDULE["tick"] = {
+    "task": "workers.tick",
+    "schedule": GPUSHARE_TICK_INTERVAL_S,
+    # A tick nobody ran in time is worthless: the next one does the same work.
+    "options": {"expires": max(5.0, 5 * GPUSHARE_TICK_INTERVAL_S)},
 }
 
 # --- Console (issue 8) ------------------------------------------------------------------

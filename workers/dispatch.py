@@ -2,12 +2,18 @@
 
 One `dispatch(pool)` task keeps its thread busy while the pool has admissible work, so a job
 that ends makes room for the next one without waiting for a new message. With nothing to
-run, the loop waits a moment (`loop_idle_s`) to be woken by new work before it ends: the web
-then hands a request to a waiting loop through Redis instead of sending a Celery message
-(a message costs the web and the worker more CPU than the rest of the request's handling;
-bench/online_overhead.py). A loop summoned by a message fans out: if more work waits and no
-loop is idle, it summons the next one. The housekeeping beat kicks pools that still have
-waiting work, in case a message or a wake-up was lost.
+run, the loop waits for new work (`loop_idle_s`, a minute by default) before it ends: the
+web hands a request to a waiting loop through Redis instead of sending a Celery message (a
+message costs the sender, the worker and Redis several ms of CPU, more than the rest of the
+request's handling; bench/online_overhead.py). A loop summoned by a message fans out: if
+more work waits and no loop is idle, it summons the next one. Housekeeping wakes or summons
+a loop for pools that still have waiting work, in case a message or a wake-up was lost.
+
+Loops wait instead of ending, so a worker process runs at most its thread count less
+`GPUSHARE_WORKER_FREE_THREADS` of them: the threads left over run everything else (the
+periodic tick, engine starts) without waiting for a loop to end. A summons beyond that
+returns at once: this process's loops are all busy, and the first to finish its job picks
+the next (release and pick are one step).
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ import time
 import uuid
 from datetime import UTC, datetime
 from typing import Any
+
+from celery.signals import celeryd_after_setup, worker_shutting_down
+from django.conf import settings
 
 from config.ttlcache import TtlCache
 from scheduler.batches import batch_line_finished
@@ -53,19 +62,63 @@ def _client_for(engine: Engine) -> EngineClient:
         return client
 
 
-# How long one dispatch task keeps its thread before handing the pool's remaining work to a
-# new message: beat tasks (housekeeping, the ledger flush, samplers) share the threads and
-# must get their turn under continuous load.
-DISPATCH_TURN_S = 15.0
+# How long one dispatch task keeps its thread before it hands the pool's remaining work to a
+# new message: a bound on how long its message stays unacknowledged in the broker (far below
+# the visibility timeout). The threads other tasks need are kept free by the loop seats.
+DISPATCH_TURN_S = 600.0
 
 
-def dispatch_pool(pool: str, *, turn_s: float = DISPATCH_TURN_S) -> int:
+class _LoopSeats:
+    """How many dispatch loops this process may run at once: its thread count less the
+    threads kept free for other tasks; unbounded outside a worker (tests, shells)."""
+
+    def __init__(self) -> None:
+        self._seats: threading.BoundedSemaphore | None = None
+        self.stopping = threading.Event()  # the worker is shutting down: loops end
+
+    def size_for(self, worker_threads: int) -> None:
+        free = int(settings.GPUSHARE_WORKER_FREE_THREADS)
+        self._seats = threading.BoundedSemaphore(max(1, worker_threads - free))
+
+    def take(self) -> bool:
+        return self._seats is None or self._seats.acquire(blocking=False)
+
+    def give_back(self) -> None:
+        if self._seats is not None:
+            self._seats.release()
+
+
+loop_seats = _LoopSeats()
+
+
+@celeryd_after_setup.connect
+def _size_loop_seats(sender: str, instance: Any, **_: Any) -> None:
+    loop_seats.size_for(int(instance.concurrency))
+
+
+@worker_shutting_down.connect
+def _stop_loops(**_: Any) -> None:
+    loop_seats.stopping.set()  # a warm shutdown must not wait out idle loops
+
+
+def dispatch_pool(
+    pool: str, *, turn_s: float = DISPATCH_TURN_S, idle_s: float | None = None
+) -> int:
     """Runs the pool's admissible jobs one after another; returns how many ran. Each job's
     release, its answer and ledger row (`last_words`) and the next pick are one step (one
-    round trip to Redis). With nothing admissible, waits for work (see the module docstring)
-    until the turn is over."""
+    round trip to Redis). With nothing admissible, waits up to `idle_s` (the queue's
+    `loop_idle_s`) for work (see the module docstring), until the turn is over."""
+    if not loop_seats.take():
+        return 0  # this process's loops are all running: see the module docstring
+    try:
+        return _loop(pool, turn_s, fair_queue().config.loop_idle_s if idle_s is None else idle_s)
+    finally:
+        loop_seats.give_back()
+
+
+def _loop(pool: str, turn_s: float, idle_s: float) -> int:
     queue = fair_queue()
-    loop = DispatchLoop(token=uuid.uuid4().hex)
+    loop = DispatchLoop(token=uuid.uuid4().hex, idle_s=idle_s)
     turn_ends = time.monotonic() + turn_s
     ran = 0
     try:
@@ -76,9 +129,9 @@ def dispatch_pool(pool: str, *, turn_s: float = DISPATCH_TURN_S) -> int:
                 job = _run_one(queue, job, pool, loop, turn_ends)
                 ran += 1
             # Nothing to run: the pick registered this loop as idle.
-            if time.monotonic() > turn_ends:
+            if _turn_over(turn_ends):
                 break
-            if not queue.wait_for_work(pool, loop, queue.config.loop_idle_s):
+            if not queue.wait_for_work(pool, loop, stop=loop_seats.stopping):
                 return ran
             job = queue.pick(pool, loop=loop)
     except BaseException:
@@ -86,6 +139,10 @@ def dispatch_pool(pool: str, *, turn_s: float = DISPATCH_TURN_S) -> int:
         raise
     _leave(queue, pool, loop)
     return ran
+
+
+def _turn_over(turn_ends: float) -> bool:
+    return loop_seats.stopping.is_set() or time.monotonic() > turn_ends
 
 
 def _leave(queue: FairQueue, pool: str, loop: DispatchLoop) -> None:
@@ -112,7 +169,7 @@ def _run_one(
         log.exception("job %s: no ledger row", job.job_id)
         words = LastWords(event=result.done_event)
     next_job = None
-    if time.monotonic() > turn_ends:
+    if _turn_over(turn_ends):
         queue.release(job.job_id, *used, attempt=job.attempt, last_words=words)
         _summon(pool)  # the rest of the pool's work, after whatever waits now
     else:

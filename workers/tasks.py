@@ -37,7 +37,8 @@ def flush_usage() -> int:
 @shared_task(name="workers.housekeeping")
 def housekeeping() -> dict[str, int]:
     """Every few seconds: engines' policies to the queue, dead leases back to their queues,
-    waiting jobs past their class's timeout answered, pools with waiting work kicked."""
+    waiting jobs past their class's timeout answered, pools with waiting work kicked (an
+    idle loop woken, or one summoned)."""
     queue = fair_queue()
     ready = sync_all_engines(queue)
     reaped = queue.reap_expired_leases()
@@ -45,7 +46,8 @@ def housekeeping() -> dict[str, int]:
     timeouts_record(queue, expired)  # their waiters are told; the ledger must know too
     kicked = 0
     for pool in sorted({row.pool for row in queue.snapshot().queues if row.waiting}):
-        dispatch.delay(pool)
+        if queue.kick(pool):  # no loop was idle to wake: a message starts one
+            dispatch.delay(pool)
         kicked += 1
     if reaped or expired:
         log.info(

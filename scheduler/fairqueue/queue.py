@@ -43,6 +43,8 @@ subscribe and publish as it could be with pub/sub.
 """
 
 import json
+import threading
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -71,7 +73,7 @@ LUA_DIR = Path(__file__).with_name("lua")
 # One per decision; each file in lua/ runs after lib.lua as one atomic script.
 SCRIPT_NAMES: tuple[str, ...] = (
     *("enqueue", "pick", "release", "release_pick", "cancel", "requeue"),
-    *("reap", "expire", "renew", "check", "stop_waiting"),
+    *("reap", "expire", "renew", "check", "stop_waiting", "kick"),
 )
 
 
@@ -325,22 +327,45 @@ class FairQueue:
             return [*args, "", "0", "", "0"]
         starting = "1" if loop.starting else ""
         loop.starting = False
-        idle, summon = repr(float(self.config.loop_idle_s)), str(self.config.loop_summon_s)
+        idle = repr(float(self.config.loop_idle_s if loop.idle_s is None else loop.idle_s))
+        summon = str(self.config.loop_summon_s)
         return [*args, loop.token, idle, starting, summon]
 
-    def wait_for_work(self, pool: str, loop: DispatchLoop, timeout_s: float) -> bool:
-        """An idle loop (its pick got None) waits to be woken by new work or a freed seat.
-        True: woken, pick again. False: nothing came; the loop is no longer idle."""
-        try:
-            if self.redis.blpop([self.keys.loop_wake(loop.token)], timeout=timeout_s) is not None:
+    def wait_for_work(
+        self,
+        pool: str,
+        loop: DispatchLoop,
+        timeout_s: float | None = None,
+        *,
+        stop: threading.Event | None = None,
+    ) -> bool:
+        """An idle loop (its pick got None) waits to be woken by new work or a freed seat,
+        for `timeout_s` (None: its idle time), in slices (Redis replies to each well within
+        the client's read timeout), until `stop` is set. True: woken, pick again. False:
+        nothing came; the loop is no longer idle."""
+        if timeout_s is None:
+            timeout_s = self.config.loop_idle_s if loop.idle_s is None else loop.idle_s
+        idle_ends = time.monotonic() + timeout_s
+        while stop is None or not stop.is_set():
+            left = idle_ends - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                wake = self.redis.blpop([self.keys.loop_wake(loop.token)], timeout=min(2.0, left))
+            except redis.TimeoutError:  # the client's read timeout, on a stalled machine
+                continue
+            if wake is not None:
                 return True
-        except redis.TimeoutError:  # the client's read timeout, on a stalled machine
-            pass
         return self.stop_waiting(pool, loop)
 
     def stop_waiting(self, pool: str, loop: DispatchLoop) -> bool:
         """An idle loop leaves; True when it was woken meanwhile (its work needs a loop)."""
         return bool(self._run("stop_waiting", pool, loop.token))
+
+    def kick(self, pool: str) -> bool:
+        """Nudges the pool's dispatch loops (its waiting work may have missed its loop):
+        wakes an idle one; True when none is idle and the caller must summon one."""
+        return _text(self._run("kick", pool, str(self.config.loop_summon_s))) == "summon"
 
     def renew_lease(self, job_id: str, attempt: int, now: float | None = None) -> bool:
         """Extends the lease; False means the job is no longer the caller's: stop running it."""

@@ -25,7 +25,7 @@ import psycopg
 REPO = Path(__file__).resolve().parents[2]
 # Beat's sends and the workers' runs of the periodic tasks: noise in a failure's log tail.
 ROUTINE_LOG_LINE = re.compile(
-    r"Sending due task|Task workers\.(housekeeping|flush_usage|batch_tick|scaler_tick|"
+    r"Sending due task|Task workers\.(tick|housekeeping|flush_usage|batch_tick|scaler_tick|"
     r"telemetry_sample)\[[^]]*\] (received|succeeded)"
 )
 

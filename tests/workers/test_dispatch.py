@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from django.conf import settings
 
 from scheduler.fairqueue import EnginePolicy, FairQueue, Job, TenantPolicy
 from scheduler.pools import fair_queue
@@ -20,6 +21,7 @@ from workers import tasks
 from workers.runner import RunResult
 
 POOL = "m"
+IDLE_S = 0.5  # how long a loop with nothing to run waits (a minute when deployed)
 UNIT = 256 * 1024 * 1024
 
 
@@ -61,7 +63,7 @@ PAYLOAD = {"tenant_id": 7, "model": POOL, "endpoint": "chat", "stream": False}
 
 def test_every_job_runs_once_and_is_released_with_its_tokens(queue, ran):
     ids = enqueue(queue, 5)
-    assert dispatch_module.dispatch_pool(POOL) == 5
+    assert dispatch_module.dispatch_pool(POOL, idle_s=IDLE_S) == 5
     assert [job.job_id for job in ran] == ids
     for job_id in ids:
         fields = queue.redis.hgetall(queue.keys.job(job_id))
@@ -86,7 +88,7 @@ def test_each_run_tells_its_answer_and_its_ledger_row_with_its_release(queue, mo
     monkeypatch.setattr(dispatch_module, "settle", lambda job, request, result: None)
     queue.redis.delete(USAGE_PENDING_KEY)
     ids = enqueue(queue, 3)
-    assert dispatch_module.dispatch_pool(POOL) == 3
+    assert dispatch_module.dispatch_pool(POOL, idle_s=IDLE_S) == 3
     for job_id in ids:
         [event] = [json.loads(e) for e in queue.redis.lrange(queue.keys.events(job_id), 0, -1)
                    if json.loads(e)["event"] == "done"]  # fmt: skip
@@ -102,7 +104,7 @@ def test_a_turn_that_ends_releases_its_job_and_hands_the_rest_on(queue, ran, mon
     sent: list[str] = []
     monkeypatch.setattr(tasks.dispatch, "delay", sent.append)
     enqueue(queue, 3)
-    assert dispatch_module.dispatch_pool(POOL, turn_s=0.0) == 1
+    assert dispatch_module.dispatch_pool(POOL, turn_s=0.0, idle_s=IDLE_S) == 1
     # One message from the loop's start (more work waited and no loop was idle: it fans
     # out), one from the end of its turn.
     assert sent == [POOL, POOL]
@@ -117,7 +119,7 @@ def test_a_failed_ledger_write_gives_back_the_job_picked_next(queue, ran, monkey
     monkeypatch.setattr(dispatch_module, "settle", fail)
     first, second = enqueue(queue, 2)
     with pytest.raises(RuntimeError):
-        dispatch_module.dispatch_pool(POOL)
+        dispatch_module.dispatch_pool(POOL, idle_s=IDLE_S)
     assert queue.get_job(first).state == "done"
     picked_again = queue.get_job(second)
     assert picked_again is not None
@@ -132,7 +134,9 @@ def test_a_loop_with_nothing_to_run_waits_and_new_work_reaches_it_without_a_mess
     sent: list[str] = []
     monkeypatch.setattr(tasks.dispatch, "delay", sent.append)
     done: list[int] = []
-    loop = threading.Thread(target=lambda: done.append(dispatch_module.dispatch_pool(POOL)))
+    loop = threading.Thread(
+        target=lambda: done.append(dispatch_module.dispatch_pool(POOL, idle_s=IDLE_S))
+    )
     loop.start()
     deadline = time.monotonic() + 5
     while not queue.redis.zcard(queue.keys.idle_loops(POOL)) and time.monotonic() < deadline:
@@ -149,3 +153,23 @@ def test_a_loop_with_nothing_to_run_waits_and_new_work_reaches_it_without_a_mess
     assert [j.job_id for j in ran] == [job.job_id]
     assert sent == []  # no Celery message on the way
     assert queue.redis.zcard(queue.keys.idle_loops(POOL)) == 0
+
+
+def test_a_process_runs_no_more_loops_than_its_threads_less_the_free_ones(queue, ran, monkeypatch):
+    """Loops wait for work instead of ending: the threads kept free run the other tasks."""
+    seats = dispatch_module._LoopSeats()
+    monkeypatch.setattr(dispatch_module, "loop_seats", seats)
+    monkeypatch.setattr(settings, "GPUSHARE_WORKER_FREE_THREADS", 2)
+    seats.size_for(3)  # one loop
+    first = threading.Thread(target=lambda: dispatch_module.dispatch_pool(POOL, idle_s=5))
+    first.start()
+    deadline = time.monotonic() + 5
+    while not queue.redis.zcard(queue.keys.idle_loops(POOL)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = time.monotonic()
+    assert dispatch_module.dispatch_pool(POOL, idle_s=5) == 0  # no seat: back at once
+    assert time.monotonic() - started < 1
+    seats.stopping.set()  # a warm shutdown: the waiting loop ends within a wait slice
+    first.join(timeout=3)
+    assert not first.is_alive()
+    assert queue.redis.zcard(queue.keys.idle_loops(POOL)) == 0  # and is no longer idle

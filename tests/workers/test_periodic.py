@@ -1,0 +1,65 @@
+"""The tick: one beat message runs each periodic job at its own interval, once per interval
+however many ticks come, and one job's failure does not stop the others. On the real Redis;
+the jobs are stand-ins that record their runs (the jobs themselves have their own tests)."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+from django.conf import settings
+
+from workers.periodic import PeriodicJob, claim_due, periodic_jobs, run_due
+
+TICK_S = 0.1
+
+
+def recording(name: str, every_s: float, runs: list[str]) -> PeriodicJob:
+    return PeriodicJob(name, every_s, lambda: runs.append(name))
+
+
+def test_each_job_runs_at_its_own_interval(redis_db: redis.Redis):
+    runs: list[str] = []
+    jobs = [recording("often", 0.1, runs), recording("seldom", 0.4, runs)]
+    started = time.monotonic()
+    for n in range(10):  # ten ticks, 0.1 s apart
+        time.sleep(max(0.0, started + n * TICK_S - time.monotonic()))
+        run_due(redis_db, jobs, TICK_S)
+    assert 8 <= runs.count("often") <= 10  # every tick (one may fall to a late tick)
+    assert 2 <= runs.count("seldom") <= 3  # at 0, 0.4 and 0.8 s, not at every tick
+
+
+def test_a_second_tick_at_the_same_moment_claims_nothing(redis_db: redis.Redis):
+    jobs = [recording("a", 2.0, []), recording("b", 5.0, [])]
+    assert claim_due(redis_db, jobs, 1.0) == ["a", "b"]
+    assert claim_due(redis_db, jobs, 1.0) == []  # a duplicate tick, or a second beat
+
+
+def test_a_failing_job_is_reported_and_the_others_still_run(redis_db: redis.Redis):
+    runs: list[str] = []
+
+    def broken() -> None:
+        raise RuntimeError("the database is down")
+
+    jobs = [recording("first", 1.0, runs), PeriodicJob("broken", 1.0, broken),
+            recording("last", 1.0, runs)]  # fmt: skip
+    results = run_due(redis_db, jobs, 1.0)
+    assert runs == ["first", "last"]
+    assert results["broken"] == "error: RuntimeError: the database is down"
+
+
+def test_beat_sends_the_tick_at_the_shortest_interval_and_the_tick_carries_every_job():
+    schedule = settings.CELERY_BEAT_SCHEDULE
+    assert schedule["tick"]["task"] == "workers.tick"
+    intervals = {job.name: job.every_s for job in periodic_jobs()}
+    assert schedule["tick"]["schedule"] == min(intervals.values())
+    assert intervals == {
+        "flush_usage": settings.GPUSHARE_USAGE_FLUSH_INTERVAL_S,
+        "housekeeping": settings.GPUSHARE_HOUSEKEEPING_INTERVAL_S,
+        "batch_tick": settings.GPUSHARE_BATCH_FEED_INTERVAL_S,
+        "telemetry_sample": settings.GPUSHARE_TELEMETRY_INTERVAL_S,
+        "scaler_tick": settings.GPUSHARE_SCALER_INTERVAL_S,
+    }
+    # What the tick carries is not sent on its own as well (that would double its work).
+    carried = {f"workers.{name}" for name in intervals} | {"workers.telemetry_sample"}
+    assert not carried & {entry["task"] for entry in schedule.values()}
