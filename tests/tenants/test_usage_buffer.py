@@ -47,3 +47,24 @@ def test_a_malformed_row_does_not_block_the_others(owner, redis_db):
     assert usage_flush() == 1
     assert UsageRecord.objects.filter(request_id="good").exists()
     assert redis_db.llen(PENDING_KEY) == 0
+
+
+def test_a_row_gets_the_ledger_s_defaults_for_what_it_leaves_out(owner, redis_db):
+    usage_push(fields(owner, "short"))  # no engine, batch, latency, ttft, ...
+    usage_push(fields(owner, "full", engine="e1", batch_id="batch_1", ttft_ms=12, latency_ms=40,
+                      reserved_units=1.5, status_code=429, error_code="rate_limited"))  # fmt: skip
+    assert usage_flush() == 2
+    short = UsageRecord.objects.get(request_id="short")
+    assert (short.engine, short.batch_id, short.ttft_ms, short.latency_ms) == ("", "", None, 0)
+    assert (short.status_code, short.reserved_units) == (200, 0)
+    assert short.finished_at == datetime(2026, 11, 30, tzinfo=UTC)
+    full = UsageRecord.objects.get(request_id="full")
+    assert (full.engine, full.batch_id, full.ttft_ms, full.latency_ms) == ("e1", "batch_1", 12, 40)
+    assert (full.status_code, full.error_code, full.reserved_units) == (429, "rate_limited", 1.5)
+
+
+def test_a_row_with_a_field_the_ledger_does_not_have_is_dropped_alone(owner, redis_db):
+    usage_push(fields(owner, "odd", colour="blue"))
+    usage_push(fields(owner, "fine"))
+    assert usage_flush() == 1
+    assert list(UsageRecord.objects.values_list("request_id", flat=True)) == ["fine"]
