@@ -2,7 +2,7 @@
 
 One `dispatch(pool)` task keeps its thread busy while the pool has admissible work, so a job
 that ends makes room for the next one without waiting for a new message. With nothing to
-run, the loop waits for new work (`loop_idle_s`, a minute by default) before it ends: the
+run, the loop waits for new work (`GPUSHARE_DISPATCH_IDLE_S`, a minute) before it ends: the
 web hands a request to a waiting loop through Redis instead of sending a Celery message (a
 message costs the sender, the worker and Redis several ms of CPU, more than the rest of the
 request's handling; bench/online_overhead.py). A loop summoned by a message fans out: if
@@ -106,19 +106,20 @@ def dispatch_pool(
 ) -> int:
     """Runs the pool's admissible jobs one after another; returns how many ran. Each job's
     release, its answer and ledger row (`last_words`) and the next pick are one step (one
-    round trip to Redis). With nothing admissible, waits up to `idle_s` (the queue's
-    `loop_idle_s`) for work (see the module docstring), until the turn is over."""
+    round trip to Redis). With nothing admissible, waits up to `idle_s` (default
+    `GPUSHARE_DISPATCH_IDLE_S`) for work (see the module docstring), until the turn is over."""
     if not loop_seats.take():
         return 0  # this process's loops are all running: see the module docstring
     try:
-        return _loop(pool, turn_s, fair_queue().config.loop_idle_s if idle_s is None else idle_s)
+        wait_s = float(settings.GPUSHARE_DISPATCH_IDLE_S) if idle_s is None else idle_s
+        return _loop(pool, turn_s, wait_s)
     finally:
         loop_seats.give_back()
 
 
 def _loop(pool: str, turn_s: float, idle_s: float) -> int:
     queue = fair_queue()
-    loop = DispatchLoop(token=uuid.uuid4().hex, idle_s=idle_s)
+    loop = DispatchLoop(token=uuid.uuid4().hex)
     turn_ends = time.monotonic() + turn_s
     ran = 0
     try:
@@ -131,7 +132,7 @@ def _loop(pool: str, turn_s: float, idle_s: float) -> int:
             # Nothing to run: the pick registered this loop as idle.
             if _turn_over(turn_ends):
                 break
-            if not queue.wait_for_work(pool, loop, stop=loop_seats.stopping):
+            if not queue.wait_for_work(pool, loop, idle_s, stop=loop_seats.stopping):
                 return ran
             job = queue.pick(pool, loop=loop)
     except BaseException:

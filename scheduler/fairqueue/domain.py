@@ -69,8 +69,9 @@ class FairQueueConfig:
     # a late waiter, the result of a duplicate run).
     keep_s: int = 24 * 3600
     prefix: str = "gs:fq:"
-    # A dispatch loop with nothing to run waits this long for new work before it ends.
-    loop_idle_s: float = 60.0
+    # A dispatch loop waiting for work is registered as idle for this long, renewed while it
+    # waits (`FairQueue.wait_for_work`): a loop that died waiting stops being woken soon.
+    loop_idle_s: float = 5.0
     # A summoned loop that has not started within this long no longer stops the next summons.
     loop_summon_s: int = 5
 
@@ -92,11 +93,9 @@ class FairQueueConfig:
 class DispatchLoop:
     """A worker thread's dispatch loop as the queue knows it: its token (its wake-up list),
     whether its first pick is still to come, and whether that pick asked it to summon the
-    next loop (more work waited and no loop was idle); how long it waits for work when it
-    finds none (None: the queue's `loop_idle_s`)."""
+    next loop (more work waited and no loop was idle)."""
 
     token: str
-    idle_s: float | None = None
     starting: bool = True
     summon_next: bool = False
 
@@ -113,7 +112,6 @@ def config_from_settings(settings: Any) -> FairQueueConfig:
         lease_s=float(getattr(settings, "GPUSHARE_SCHED_LEASE_S", 120.0)),
         keep_s=int(getattr(settings, "GPUSHARE_SCHED_KEEP_S", 24 * 3600)),
         prefix=str(getattr(settings, "GPUSHARE_SCHED_KEY_PREFIX", "gs:fq:")),
-        loop_idle_s=float(getattr(settings, "GPUSHARE_DISPATCH_IDLE_S", 60.0)),
     )
 
 

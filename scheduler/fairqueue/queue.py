@@ -70,6 +70,8 @@ from scheduler.fairqueue.keys import Keys, check_id
 from scheduler.request_classes import REQUEST_CLASSES
 
 LUA_DIR = Path(__file__).with_name("lua")
+# An idle loop's wait is cut in slices this long at most (and at most half its registration).
+WAIT_SLICE_S = 2.0
 # One per decision; each file in lua/ runs after lib.lua as one atomic script.
 SCRIPT_NAMES: tuple[str, ...] = (
     *("enqueue", "pick", "release", "release_pick", "cancel", "requeue"),
@@ -327,35 +329,44 @@ class FairQueue:
             return [*args, "", "0", "", "0"]
         starting = "1" if loop.starting else ""
         loop.starting = False
-        idle = repr(float(self.config.loop_idle_s if loop.idle_s is None else loop.idle_s))
-        summon = str(self.config.loop_summon_s)
+        idle, summon = repr(float(self.config.loop_idle_s)), str(self.config.loop_summon_s)
         return [*args, loop.token, idle, starting, summon]
 
     def wait_for_work(
         self,
         pool: str,
         loop: DispatchLoop,
-        timeout_s: float | None = None,
+        timeout_s: float,
         *,
         stop: threading.Event | None = None,
     ) -> bool:
-        """An idle loop (its pick got None) waits to be woken by new work or a freed seat,
-        for `timeout_s` (None: its idle time), in slices (Redis replies to each well within
-        the client's read timeout), until `stop` is set. True: woken, pick again. False:
-        nothing came; the loop is no longer idle."""
-        if timeout_s is None:
-            timeout_s = self.config.loop_idle_s if loop.idle_s is None else loop.idle_s
-        idle_ends = time.monotonic() + timeout_s
+        """An idle loop (its pick got None) waits up to `timeout_s` to be woken by new work
+        or a freed seat, or until `stop` is set. True: woken, pick again. False: nothing
+        came; the loop is no longer idle.
+
+        It waits in slices (each BLPOP answered well within the client's read timeout), and
+        each slice renews its idle registration for `loop_idle_s` in the same round trip, so
+        a loop that dies waiting is forgotten within seconds rather than woken for nothing.
+        A registration already gone (the loop stalled past it) ends the wait."""
+        idle = self.keys.idle_loops(pool)
+        wake = self.keys.loop_wake(loop.token)
+        waits_until = time.monotonic() + timeout_s
         while stop is None or not stop.is_set():
-            left = idle_ends - time.monotonic()
+            left = waits_until - time.monotonic()
             if left <= 0:
                 break
+            pipe = self.redis.pipeline(transaction=False)
+            # XX: never re-register a loop a waker has just taken (its wake is on the list).
+            pipe.zadd(idle, {loop.token: time.time() + self.config.loop_idle_s}, xx=True, ch=True)
+            pipe.blpop([wake], timeout=min(WAIT_SLICE_S, self.config.loop_idle_s / 2, left))
             try:
-                wake = self.redis.blpop([self.keys.loop_wake(loop.token)], timeout=min(2.0, left))
+                renewed, woken = pipe.execute()
             except redis.TimeoutError:  # the client's read timeout, on a stalled machine
                 continue
-            if wake is not None:
+            if woken is not None:
                 return True
+            if not renewed:
+                break
         return self.stop_waiting(pool, loop)
 
     def stop_waiting(self, pool: str, loop: DispatchLoop) -> bool:

@@ -1,13 +1,14 @@
 """Dispatch loops and the fair queue: new work wakes a loop that waits for it, or asks for one
 to be summoned (once per burst: the summoned loop fans out), on the real Redis."""
 
+import threading
 import time
 from typing import Any
 
 import redis
 
 from scheduler.fairqueue import FairQueue
-from scheduler.fairqueue.domain import DispatchLoop, Job
+from scheduler.fairqueue.domain import DispatchLoop, FairQueueConfig, Job
 from tests.scheduler.test_fairqueue_lifecycle import UNIT, setup_pool
 
 FIELDS: dict[str, Any] = {"pool": "p", "request_class": "standard", "prompt_tokens": 100,
@@ -149,3 +150,27 @@ def test_plain_enqueue_leaves_the_loops_alone(fq: FairQueue, fq_redis: redis.Red
     fq.enqueue(tenant="a", now=1, **FIELDS)  # e.g. the batch feeder, which sends its own
     assert fq_redis.llen(fq.keys.loop_wake(loop.token)) == 0
     assert not fq_redis.exists(fq.keys.loop_summoned("p"))
+
+
+def test_a_loop_waiting_longer_than_its_registration_renews_it_and_is_still_woken(
+    fq_redis: redis.Redis,
+):
+    """Loops wait a minute, but are registered for seconds at a time (a dead one is soon
+    forgotten): each slice of the wait renews the registration."""
+    fq = FairQueue(fq_redis, FairQueueConfig(loop_idle_s=0.3))
+    setup_pool(fq)
+    loop = DispatchLoop(token="patient")
+    assert fq.pick("p", loop=loop) is None  # registered for 0.3 s, on Redis' clock
+    woken: list[bool] = []
+    waiter = threading.Thread(target=lambda: woken.append(fq.wait_for_work("p", loop, 5.0)))
+    waiter.start()
+    time.sleep(1.0)  # three registrations' worth
+
+    job, summon = fq.enqueue_summoning(tenant="a", **FIELDS)
+
+    assert summon is False  # handed to the waiting loop
+    waiter.join(timeout=5)
+    assert woken == [True]
+    picked = fq.pick("p", loop=loop)
+    assert picked is not None
+    assert picked.job_id == job.job_id
