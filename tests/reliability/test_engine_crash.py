@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -51,23 +51,23 @@ def engine_row(stack: Stack) -> dict[str, Any]:
     return row
 
 
-def run_in_slices_until_each_stream_has_a_chunk(pgid: int, seen: list[list[Any]]) -> int:
+def run_in_slices_until(pgid: int, seen: list[list[Any]], ready: Callable[[], bool]) -> int:
     """Lets the frozen engine run 50 ms at a time, then waits (frozen) for the platform to
-    relay what it made, until every stream's client has a chunk; the engine stays frozen.
-    Returns how many slices it ran."""
+    relay what it made, until `ready()`; the engine stays frozen. Asserts that no stream has
+    ended meanwhile. Returns how many slices it ran."""
     for slices in range(400):
-        if all(any("choices" in e for e in events) for events in seen):
-            unfinished = [
-                e for events in seen for e in events
-                if any(c.get("finish_reason") for c in e.get("choices") or [])
-            ]  # fmt: skip
-            assert not unfinished, f"a stream ended before the kill: {unfinished[:1]}"
+        unfinished = [
+            e for events in seen for e in events
+            if any(c.get("finish_reason") for c in e.get("choices") or [])
+        ]  # fmt: skip
+        assert not unfinished, f"a stream ended before the kill: {unfinished[:1]}"
+        if ready():
             return slices
         os.killpg(pgid, signal.SIGCONT)
         time.sleep(0.05)
         os.killpg(pgid, signal.SIGSTOP)
         time.sleep(0.2)  # the relay (worker, Redis, web) catches up meanwhile
-    raise AssertionError(f"no chunk reached every stream: {[len(e) for e in seen]} events")
+    raise AssertionError(f"not ready after 400 slices: {[len(e) for e in seen]} events")
 
 
 def test_killing_the_engine_mid_stream_ends_streams_marks_it_failed_and_frees_all(
@@ -77,29 +77,38 @@ def test_killing_the_engine_mid_stream_ends_streams_marks_it_failed_and_frees_al
     _, key = make_tenant(platform, quota_units="8")
     pid = engine_row(crash_stack)["pid"]
     assert pid
-    # The engine runs only in short slices from the moment the streams hold the seats until
-    # each stream has shown its client a chunk, and is killed while frozen: every stream is
-    # mid-stream at the kill however slow this machine (or this test's process) is. Killing
-    # it a fixed time after the seats filled was flaky: a starved test process killed it
-    # after the streams had ended.
+    # The engine is frozen as soon as the first stream holds a seat, then runs only in short
+    # slices until every stream holds one and has shown its client a chunk, and is killed
+    # while frozen: every stream is mid-stream at the kill however slow this machine is.
+    # Freezing it only once all seats were full was flaky: on a starved machine the first
+    # streams got their seats seconds before the last, and the engine finished them while
+    # the relay lagged behind (their ends were still on the way when it was killed).
     streams = [chat_body(3900, stream=True) for _ in range(SEATS)]
     seen: list[list[Any]] = [[] for _ in streams]
     queued = [chat_body(32) for _ in range(4)]
+
+    def in_flight() -> int:
+        return sum(queue.snapshot().engine_inflight.values())
+
+    def streams_running() -> bool:
+        has_chunk = all(any("choices" in e for e in events) for events in seen)
+        return has_chunk and in_flight() == SEATS
+
     with httpx.Client(base_url=platform.base_url) as http, ThreadPoolExecutor(8) as pool:
         stream_futures = [
             pool.submit(post, http, key, body, events=events)
             for body, events in zip(streams, seen, strict=True)
         ]
-        wait_until(
-            lambda: sum(queue.snapshot().engine_inflight.values()) == SEATS,
-            60,
-            "seats full",
-            interval=0.01,
-        )
+        wait_until(lambda: in_flight() > 0, 60, "a stream in flight", interval=0.01)
         pgid = os.getpgid(pid)
         os.killpg(pgid, signal.SIGSTOP)  # the server and its engine-core children
+        slices = run_in_slices_until(pgid, seen, streams_running)
         queued_futures = [pool.submit(post, http, key, body) for body in queued]
-        slices = run_in_slices_until_each_stream_has_a_chunk(pgid, seen)
+        wait_until(
+            lambda: sum(row.waiting for row in queue.snapshot().queues) == len(queued),
+            60,
+            "the other requests queued behind the streams",
+        )
         os.killpg(pgid, signal.SIGKILL)
         killed_at = time.monotonic()
         stream_answers = [f.result() for f in stream_futures]
