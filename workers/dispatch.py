@@ -28,6 +28,7 @@ from typing import Any
 
 from celery.signals import celeryd_after_setup, worker_shutting_down
 from django.conf import settings
+from django.db import connection
 
 from config.ttlcache import TtlCache
 from scheduler.batches import batch_line_finished
@@ -129,6 +130,7 @@ def _loop(pool: str, turn_s: float, idle_s: float) -> int:
                 _summon_if_asked(loop, pool)
                 job = _run_one(queue, job, pool, loop, turn_ends)
                 ran += 1
+                _hand_back_database()
             # Nothing to run: the pick registered this loop as idle.
             if _turn_over(turn_ends):
                 break
@@ -143,6 +145,16 @@ def _loop(pool: str, turn_s: float, idle_s: float) -> int:
         raise
     _leave(queue, pool, loop)
     return ran
+
+
+def _hand_back_database() -> None:
+    """A loop lives for minutes: its thread must not keep a connection of the process's
+    database pool meanwhile (a job opens one only for a batch line or an engine lookup), or
+    a worker with more loops than the pool has connections makes other tasks wait for one."""
+    try:
+        connection.close()
+    except Exception:  # a broken connection: the pool replaces it
+        log.warning("could not hand back the database connection", exc_info=True)
 
 
 def _turn_over(turn_ends: float) -> bool:

@@ -173,3 +173,24 @@ def test_a_process_runs_no_more_loops_than_its_threads_less_the_free_ones(queue,
     first.join(timeout=3)
     assert not first.is_alive()
     assert queue.redis.zcard(queue.keys.idle_loops(POOL)) == 0  # and is no longer idle
+
+
+def test_a_loop_hands_its_database_connection_back_after_each_job(
+    queue, ran, monkeypatch, transactional_db
+):
+    """Loops live for minutes; a connection held meanwhile would be missing from the pool."""
+    from django.db import connection
+
+    from tenants.models import Tenant
+
+    open_in_settle: list[bool] = []
+
+    def settle(job: Job, request: dict, result: RunResult) -> None:
+        Tenant.objects.count()  # as a batch line's write would
+        open_in_settle.append(connection.connection is not None)
+
+    monkeypatch.setattr(dispatch_module, "settle", settle)
+    enqueue(queue, 2)
+    assert dispatch_module.dispatch_pool(POOL, idle_s=IDLE_S) == 2
+    assert open_in_settle == [True, True]  # each job opened one...
+    assert connection.connection is None  # ...and none is held now
