@@ -52,7 +52,12 @@ async def send(url: str, headers: dict[str, str], body: dict, n: int, concurrenc
             nonlocal errors
             async with gate:
                 start = time.perf_counter()
-                response = await client.post(url, json=body, headers=headers)
+                try:
+                    response = await client.post(url, json=body, headers=headers)
+                except httpx.TransportError as exc:  # counted and shown, not fatal to the run
+                    errors += 1
+                    print(f"{url}: {type(exc).__name__}: {exc}", flush=True)
+                    return
                 if response.status_code != 200:
                     errors += 1
                     return
