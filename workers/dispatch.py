@@ -136,7 +136,7 @@ def _loop(pool: str, turn_s: float, idle_s: float) -> int:
                 break
             if not queue.wait_for_work(pool, loop, idle_s, stop=loop_seats.stopping):
                 return ran
-            if loop_seats.stopping.is_set():  # woken as the worker stops: another loop runs it
+            if _turn_over(turn_ends):  # woken as the worker stops: another loop runs it
                 _summon(pool)
                 return ran
             job = queue.pick(pool, loop=loop)

@@ -174,3 +174,14 @@ def test_a_loop_waiting_longer_than_its_registration_renews_it_and_is_still_woke
     picked = fq.pick("p", loop=loop)
     assert picked is not None
     assert picked.job_id == job.job_id
+
+
+def test_housekeeping_s_kick_wakes_an_idle_loop_and_asks_for_a_message_only_without_one(
+    fq: FairQueue, fq_redis: redis.Redis
+):
+    setup_pool(fq)
+    loop = idle_loop(fq, "l1", now=time.time())  # kick runs on Redis' clock
+    assert fq.kick("p") is False  # the waiting loop is woken: no message
+    assert fq_redis.llen(fq.keys.loop_wake(loop.token)) == 1
+    assert fq.kick("p") is True  # no loop waits now: summon one
+    assert fq.kick("p") is False  # once: the summoned loop has not started yet

@@ -194,3 +194,30 @@ def test_a_loop_hands_its_database_connection_back_after_each_job(
     assert dispatch_module.dispatch_pool(POOL, idle_s=IDLE_S) == 2
     assert open_in_settle == [True, True]  # each job opened one...
     assert connection.connection is None  # ...and none is held now
+
+
+def test_a_loop_woken_as_its_worker_stops_hands_the_work_to_a_new_loop(queue, ran, monkeypatch):
+    seats = dispatch_module._LoopSeats()
+    monkeypatch.setattr(dispatch_module, "loop_seats", seats)
+    sent: list[str] = []
+    monkeypatch.setattr(tasks.dispatch, "delay", sent.append)
+    done: list[int] = []
+    loop = threading.Thread(
+        target=lambda: done.append(dispatch_module.dispatch_pool(POOL, idle_s=5))
+    )
+    loop.start()
+    deadline = time.monotonic() + 5
+    while not queue.redis.zcard(queue.keys.idle_loops(POOL)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    seats.stopping.set()  # the warm shutdown begins...
+    job, summon = queue.enqueue_summoning(
+        tenant="acme", pool=POOL, request_class="standard", prompt_tokens=10, max_tokens=20,
+        kv_bytes=UNIT, payload=json.dumps(PAYLOAD),
+    )  # fmt: skip
+    assert summon is False  # ...as new work wakes the loop
+    loop.join(timeout=5)
+    assert done == [0]  # it did not start the job while its worker stops
+    assert sent == [POOL]  # but summoned a loop (here or on another worker) for it
+    fresh = queue.get_job(job.job_id)
+    assert fresh is not None
+    assert fresh.state == "queued"
