@@ -59,19 +59,23 @@ def _values(fields: dict[str, Any]) -> list[Any]:
 
 
 def _insert(rows: Sequence[list[Any]]) -> None:
-    """One INSERT of all `rows`; a row whose request is already in the ledger is skipped."""
+    """INSERTs of all `rows`, as many per statement as the database takes parameters (SQLite:
+    999, so 52 rows); a row whose request is already in the ledger is skipped."""
     if not rows:
         return
+    columns = _columns()
     quote = connection.ops.quote_name
-    table = quote(UsageRecord._meta.db_table)
-    names = ", ".join(quote(f.column) for f in _columns())
-    one = "(" + ", ".join(["%s"] * len(_columns())) + ")"
-    sql = (
-        f"INSERT INTO {table} ({names}) VALUES {', '.join([one] * len(rows))} "
-        "ON CONFLICT DO NOTHING"
-    )
+    names = ", ".join(quote(f.column) for f in columns)
+    one = "(" + ", ".join(["%s"] * len(columns)) + ")"
+    per_statement = max(1, connection.ops.bulk_batch_size(list(columns), list(rows)))
     with connection.cursor() as cursor:
-        cursor.execute(sql, [value for row in rows for value in row])
+        for start in range(0, len(rows), per_statement):
+            chunk = rows[start : start + per_statement]
+            cursor.execute(
+                f"INSERT INTO {quote(UsageRecord._meta.db_table)} ({names}) "
+                f"VALUES {', '.join([one] * len(chunk))} ON CONFLICT DO NOTHING",
+                [value for row in chunk for value in row],
+            )
 
 
 def usage_flush(*, max_batches: int = 20) -> int:

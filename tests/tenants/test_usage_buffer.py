@@ -3,7 +3,13 @@ from datetime import UTC, datetime
 import pytest
 
 from tenants.models import UsageRecord
-from tenants.usage_buffer import FLUSH_LOCK_KEY, PENDING_KEY, usage_flush, usage_push
+from tenants.usage_buffer import (
+    FLUSH_BATCH,
+    FLUSH_LOCK_KEY,
+    PENDING_KEY,
+    usage_flush,
+    usage_push,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -22,6 +28,15 @@ def test_pushed_rows_reach_the_ledger_in_one_flush(owner, redis_db):
         usage_push(fields(owner, f"r{i}"))
     assert usage_flush() == 7
     assert UsageRecord.objects.filter(tenant=owner).count() == 7
+    assert redis_db.llen(PENDING_KEY) == 0
+
+
+def test_a_full_batch_is_written_whatever_the_database_s_parameter_limit(owner, redis_db):
+    """500 rows of 19 values: more parameters than SQLite takes in one statement (999)."""
+    for i in range(FLUSH_BATCH):
+        usage_push(fields(owner, f"r{i}"))
+    assert usage_flush() == FLUSH_BATCH
+    assert UsageRecord.objects.filter(tenant=owner).count() == FLUSH_BATCH
     assert redis_db.llen(PENDING_KEY) == 0
 
 
