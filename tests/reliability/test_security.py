@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sqlite3
+from contextlib import closing
 from typing import Any
 
 import httpx
@@ -35,7 +37,27 @@ def test_no_table_of_the_platform_holds_a_raw_key(stack: Stack) -> None:
     with httpx.Client(base_url=platform.base_url) as http:
         assert post(http, key, chat_body(8)).status == 200  # the key used: ledger, last_used_at
     secret = key[len("gs-") :]
-    with psycopg.connect(stack.database.url) as conn:
+    if stack.database.url.startswith("sqlite:"):
+        tables, holding, stored, indexes = _sqlite_scan(stack.database.url, secret, slug)
+    else:
+        tables, holding, stored, indexes = _postgres_scan(stack.database.url, secret, slug)
+    assert len(tables) > 10
+    assert holding == []
+    assert stored == [(hashlib.sha256(key.encode()).hexdigest(), key[:11])]
+    assert any("UNIQUE" in d and "hashed_key" in d for (d,) in indexes), indexes
+
+
+Scan = tuple[list[str], list[str], list[tuple[Any, ...]], list[tuple[str]]]
+STORED_KEY_SQL = (
+    "SELECT k.hashed_key, k.prefix FROM tenants_apikey k JOIN tenants_tenant t "
+    "ON t.id = k.tenant_id WHERE t.slug = {}"
+)
+
+
+def _postgres_scan(url: str, secret: str, slug: str) -> Scan:
+    """Every table, those whose rows hold `secret` as text, the tenant's stored key, and the
+    key table's index definitions."""
+    with psycopg.connect(url) as conn:
         tables = [row[0] for row in conn.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
         )]  # fmt: skip
@@ -46,18 +68,36 @@ def test_no_table_of_the_platform_holds_a_raw_key(stack: Stack) -> None:
                 f'SELECT count(*) FROM "{table}" t WHERE t::text LIKE %s', [f"%{secret}%"]
             ).fetchone()[0]  # type: ignore[index]
         ]
-        stored = conn.execute(
-            "SELECT k.hashed_key, k.prefix FROM tenants_apikey k JOIN tenants_tenant t "
-            "ON t.id = k.tenant_id WHERE t.slug = %s",
-            [slug],
-        ).fetchall()
+        stored = conn.execute(STORED_KEY_SQL.format("%s"), [slug]).fetchall()
         indexes = conn.execute(
             "SELECT indexdef FROM pg_indexes WHERE tablename = 'tenants_apikey'"
         ).fetchall()
-    assert len(tables) > 10
-    assert holding == []
-    assert stored == [(hashlib.sha256(key.encode()).hexdigest(), key[:11])]
-    assert any("UNIQUE" in d and "(hashed_key)" in d for (d,) in indexes), indexes
+    return tables, holding, stored, indexes
+
+
+def _sqlite_scan(url: str, secret: str, slug: str) -> Scan:
+    """The same on SQLite (`make test` without DATABASE_URL): each row's columns as text."""
+    with closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as conn:
+        tables = [row[0] for row in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+        )]  # fmt: skip
+        holding = [
+            table
+            for table in tables
+            if any(
+                secret in " ".join(map(str, row))
+                for row in conn.execute(f'SELECT * FROM "{table}"')
+            )
+        ]
+        stored = conn.execute(STORED_KEY_SQL.format("?"), [slug]).fetchall()
+        unique = [name for name, is_unique in conn.execute(
+            "SELECT name, \"unique\" FROM pragma_index_list('tenants_apikey')"
+        ) if is_unique]  # fmt: skip
+        indexes = [
+            (f"UNIQUE ({', '.join(c[2] for c in conn.execute(f'PRAGMA index_info({n!r})'))})",)
+            for n in unique
+        ]
+    return tables, holding, stored, indexes
 
 
 @pytest.mark.django_db
