@@ -239,8 +239,8 @@ GPUSHARE_SCHED_KEY_PREFIX = env_str("GPUSHARE_SCHED_KEY_PREFIX", "gs:fq:")
 # A worker's dispatch loop with nothing to run waits this long for new work (handed to it
 # through Redis, without a Celery message) before it ends and frees its thread.
 GPUSHARE_DISPATCH_IDLE_S = env_float("GPUSHARE_DISPATCH_IDLE_S", 60.0)
-# Threads of each worker process that dispatch loops leave free for every other task (the
-# periodic tick, engine starts and stops): the process runs at most its thread count less
+# Threads of each worker process that dispatch loops leave free for every other task (engine
+# starts and stops, batch kicks): the process runs at most its thread count less
 # these as loops (at least one).
 GPUSHARE_WORKER_FREE_THREADS = env_int("GPUSHARE_WORKER_FREE_THREADS", 2)
 
@@ -309,22 +309,11 @@ GPUSHARE_SCALER_PENDING_TIMEOUT_S = env_float(
 CELERY_IMPORTS.append("workers.scaling_tasks")
 
 # --- The periodic tick ---------------------------------------------------------------
-# One beat message carries the frequent periodic jobs (ledger flush, housekeeping, batch
-# feeder, telemetry sampler, scaler), each at its own interval above (workers.periodic):
-# each message costs several ms of CPU whatever it carries. It comes at the shortest one.
-GPUSHARE_TICK_INTERVAL_S = min(
-    GPUSHARE_USAGE_FLUSH_INTERVAL_S,
-    GPUSHARE_HOUSEKEEPING_INTERVAL_S,
-    GPUSHARE_BATCH_FEED_INTERVAL_S,
-    GPUSHARE_TELEMETRY_INTERVAL_S,
-    GPUSHARE_SCALER_INTERVAL_S,
-)
-CELERY_BEAT_SCHEDULE["tick"] = {
-    "task": "workers.tick",
-    "schedule": GPUSHARE_TICK_INTERVAL_S,
-    # A tick nobody ran in time is worthless: the next one does the same work.
-    "options": {"expires": max(5.0, 5 * GPUSHARE_TICK_INTERVAL_S)},
-}
+# Each worker process runs the frequent periodic jobs (ledger flush, housekeeping, batch
+# feeder, telemetry sampler, scaler) from a thread of its own, each at its interval above,
+# once per interval in the whole platform (workers.periodic): as beat messages they cost
+# more CPU than the work they carried. False: this worker leaves them to the others.
+GPUSHARE_WORKER_TICK = env_bool("GPUSHARE_WORKER_TICK", True)
 
 # --- Console (issue 8) ------------------------------------------------------------------
 CELERY_IMPORTS.append("workers.engine_tasks")

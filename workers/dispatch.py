@@ -10,8 +10,8 @@ more work waits and no loop is idle, it summons the next one. Housekeeping wakes
 a loop for pools that still have waiting work, in case a message or a wake-up was lost.
 
 Loops wait instead of ending, so a worker process runs at most its thread count less
-`GPUSHARE_WORKER_FREE_THREADS` of them: the threads left over run everything else (the
-periodic tick, engine starts) without waiting for a loop to end. A summons beyond that
+`GPUSHARE_WORKER_FREE_THREADS` of them: the threads left over run every other task (engine
+starts and stops, batch kicks) without waiting for a loop to end. A summons beyond that
 returns at once: this process's loops are all busy, and the first to finish its job picks
 the next (release and pick are one step).
 """

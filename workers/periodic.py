@@ -1,27 +1,34 @@
-"""The periodic jobs that run every few seconds, carried by one beat message: the tick.
+"""The periodic jobs that run every few seconds, run by each worker's ticker thread.
 
-Each Celery message costs the sender, the worker and Redis several ms of CPU whatever the
-task does (kombu's bookkeeping of delivery, acknowledgement and routing; measured in
-docs/BENCHMARKS.md), more than the ledger flush or the housekeeping it carries. So beat sends
-one `workers.tick` at the shortest interval, and the tick runs each job whose own interval
-has come round. A job's turn is claimed in Redis (SET NX with an expiry just under its
-interval), so a tick that comes twice, or two beats, still run each job once per interval.
-One job that fails is logged and does not keep the others from running.
+The ledger flush, housekeeping, the batch feeder, the telemetry sampler and the scaler run
+every 1 to 10 s. They used to come as Celery beat messages, one `tick` a second at the end;
+a message costs the sender, the worker and Redis several ms of CPU whatever the task does
+(kombu's bookkeeping of delivery, acknowledgement and routing; docs/BENCHMARKS.md), more
+than the flush or the housekeeping it carried, and more than a request's own handling. So
+each worker process runs them from a thread of its own (`Ticker`), at the shortest of their
+intervals, and no message crosses the broker.
 
-The jobs stay Celery tasks of their own as well (`workers.housekeeping` and so on), for an
-operator who wants to run one now.
+A job's turn is claimed in Redis (SET NX with an expiry just under its interval), so the
+tickers of many workers, or a tick that comes twice, still run each job once per interval
+in the whole platform; a worker that dies leaves the jobs to the others' tickers. One job
+that fails is logged and does not keep the others from running. Beat still sends the rare
+ones (the telemetry rollup, every few minutes), and the jobs stay Celery tasks of their own
+(`workers.housekeeping` and so on), for an operator who wants to run one now.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis
-from celery import shared_task
+from celery.signals import worker_ready, worker_shutting_down
 from django.conf import settings
+from django.db import connection
 
 from config.redis import redis_client
 
@@ -38,7 +45,7 @@ class PeriodicJob:
 
 
 def periodic_jobs() -> list[PeriodicJob]:
-    """The jobs the tick carries, with their intervals from settings."""
+    """The jobs the ticker runs, with their intervals from settings."""
     from workers.batch_tasks import batch_tick  # the task modules import this app's models
     from workers.scaling_tasks import scaler_tick
     from workers.tasks import flush_usage, housekeeping
@@ -51,6 +58,11 @@ def periodic_jobs() -> list[PeriodicJob]:
         PeriodicJob("telemetry_sample", settings.GPUSHARE_TELEMETRY_INTERVAL_S, sample),
         PeriodicJob("scaler_tick", settings.GPUSHARE_SCALER_INTERVAL_S, scaler_tick),
     ]
+
+
+def tick_interval_s(jobs: Sequence[PeriodicJob]) -> float:
+    """The ticker's interval: the shortest of its jobs'."""
+    return min(job.every_s for job in jobs)
 
 
 def claim_due(client: redis.Redis, jobs: Sequence[PeriodicJob], tick_s: float) -> list[str]:
@@ -79,7 +91,61 @@ def run_due(client: redis.Redis, jobs: Sequence[PeriodicJob], tick_s: float) -> 
     return results
 
 
-@shared_task(name="workers.tick")
-def tick() -> dict[str, Any]:
-    """Beat, every `GPUSHARE_TICK_INTERVAL_S`: the periodic jobs that are due."""
-    return run_due(redis_client(), periodic_jobs(), float(settings.GPUSHARE_TICK_INTERVAL_S))
+class Ticker:
+    """A daemon thread that runs `run_due` every `tick_s` until stopped. A tick that runs
+    long (a slow database) delays the next one rather than piling ticks up."""
+
+    def __init__(
+        self,
+        jobs: Callable[[], Sequence[PeriodicJob]],
+        tick_s: float,
+        client: Callable[[], redis.Redis] = redis_client,
+    ) -> None:
+        self._jobs, self.tick_s, self._client = jobs, tick_s, client
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="periodic-ticker", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 0.0) -> None:
+        self._stopping.set()
+        if self._thread is not None and timeout_s > 0:
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        due_at = time.monotonic()
+        while not self._stopping.wait(max(0.0, due_at - time.monotonic())):
+            due_at = max(due_at + self.tick_s, time.monotonic())
+            self._tick()
+
+    def _tick(self) -> None:
+        try:
+            run_due(self._client(), self._jobs(), self.tick_s)
+        except Exception:  # Redis away: the next tick tries again
+            log.warning("periodic tick failed", exc_info=True)
+        finally:
+            # The thread lives as long as the worker: hand its database connection back to
+            # the pool between ticks rather than hold one for good.
+            connection.close()
+
+
+_ticker: Ticker | None = None
+
+
+@worker_ready.connect
+def _start_ticker(**_: Any) -> None:
+    global _ticker
+    if not settings.GPUSHARE_WORKER_TICK:
+        return
+    _ticker = Ticker(periodic_jobs, tick_interval_s(periodic_jobs()))
+    _ticker.start()
+    log.info("periodic ticker started: every %.1f s", _ticker.tick_s)
+
+
+@worker_shutting_down.connect
+def _stop_ticker(**_: Any) -> None:
+    if _ticker is not None:
+        _ticker.stop()

@@ -23,10 +23,9 @@ import httpx
 import psycopg
 
 REPO = Path(__file__).resolve().parents[2]
-# Beat's sends and the workers' runs of the periodic tasks: noise in a failure's log tail.
+# Beat's sends and the workers' runs of its periodic tasks: noise in a failure's log tail.
 ROUTINE_LOG_LINE = re.compile(
-    r"Sending due task|Task workers\.(tick|housekeeping|flush_usage|batch_tick|scaler_tick|"
-    r"telemetry_sample)\[[^]]*\] (received|succeeded)"
+    r"Sending due task|Task workers\.telemetry_rollup\[[^]]*\] (received|succeeded)"
 )
 
 
@@ -143,7 +142,7 @@ class Platform:
 
     def logs(self, lines: int = 40) -> str:
         """The last lines of each process's log and each engine's, without the routine
-        periodic tasks (beat sends several a second; they would fill the tail)."""
+        periodic tasks."""
         parts = []
         paths = sorted(self.workdir.glob("*.log")) + sorted(self.workdir.glob("engines/*.log"))
         for path in paths:

@@ -1,6 +1,7 @@
-"""The tick: one beat message runs each periodic job at its own interval, once per interval
-however many ticks come, and one job's failure does not stop the others. On the real Redis;
-the jobs are stand-ins that record their runs (the jobs themselves have their own tests)."""
+"""The tick: each periodic job runs at its own interval, once per interval however many ticks
+(or tickers) come, and one job's failure does not stop the others; a worker's ticker thread
+ticks until it is stopped. On the real Redis; the jobs are stand-ins that record their runs
+(the jobs themselves have their own tests)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import time
 import redis
 from django.conf import settings
 
-from workers.periodic import PeriodicJob, claim_due, periodic_jobs, run_due
+from workers.periodic import (
+    PeriodicJob,
+    Ticker,
+    claim_due,
+    periodic_jobs,
+    run_due,
+    tick_interval_s,
+)
 
 TICK_S = 0.1
 
@@ -48,11 +56,38 @@ def test_a_failing_job_is_reported_and_the_others_still_run(redis_db: redis.Redi
     assert results["broken"] == "error: RuntimeError: the database is down"
 
 
-def test_beat_sends_the_tick_at_the_shortest_interval_and_the_tick_carries_every_job():
-    schedule = settings.CELERY_BEAT_SCHEDULE
-    assert schedule["tick"]["task"] == "workers.tick"
-    intervals = {job.name: job.every_s for job in periodic_jobs()}
-    assert schedule["tick"]["schedule"] == min(intervals.values())
+def test_the_ticker_ticks_in_its_own_thread_until_it_is_stopped(redis_db: redis.Redis):
+    runs: list[str] = []
+    ticker = Ticker(lambda: [recording("often", TICK_S, runs)], TICK_S, client=lambda: redis_db)
+    ticker.start()
+    time.sleep(0.55)
+    ticker.stop(timeout_s=2.0)
+    ran = len(runs)
+    assert 4 <= ran <= 7  # at 0, 0.1, ... 0.5 s
+    time.sleep(0.3)
+    assert len(runs) == ran  # stopped: no tick after
+
+
+def test_a_tick_that_fails_does_not_stop_the_ticker(redis_db: redis.Redis):
+    calls: list[int] = []
+
+    def jobs() -> list[PeriodicJob]:
+        calls.append(1)
+        if len(calls) == 1:
+            raise redis.ConnectionError("Redis is restarting")
+        return []
+
+    ticker = Ticker(jobs, TICK_S, client=lambda: redis_db)
+    ticker.start()
+    time.sleep(0.35)
+    ticker.stop(timeout_s=2.0)
+    assert len(calls) >= 3
+
+
+def test_the_ticker_comes_at_the_shortest_interval_and_carries_every_job():
+    jobs = periodic_jobs()
+    intervals = {job.name: job.every_s for job in jobs}
+    assert tick_interval_s(jobs) == min(intervals.values())
     assert intervals == {
         "flush_usage": settings.GPUSHARE_USAGE_FLUSH_INTERVAL_S,
         "housekeeping": settings.GPUSHARE_HOUSEKEEPING_INTERVAL_S,
@@ -60,6 +95,6 @@ def test_beat_sends_the_tick_at_the_shortest_interval_and_the_tick_carries_every
         "telemetry_sample": settings.GPUSHARE_TELEMETRY_INTERVAL_S,
         "scaler_tick": settings.GPUSHARE_SCALER_INTERVAL_S,
     }
-    # What the tick carries is not sent on its own as well (that would double its work).
+    # What the ticker runs is not sent by beat as well (that would double its work).
     carried = {f"workers.{name}" for name in intervals}
-    assert not carried & {entry["task"] for entry in schedule.values()}
+    assert not carried & {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
