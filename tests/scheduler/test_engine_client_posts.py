@@ -1,13 +1,18 @@
 """The engine client's generation requests against a small real HTTP server: non-streamed
-(http.client, one kept-alive connection per thread) answers, refusals, an engine that closed
-an idle connection, an engine that is gone; and a stream cut before its end. Last, what the
-worker's runner makes of a stream that ends with `[DONE]` but without a finish reason (what
-a vLLM server whose engine core died sends)."""
+(our own HTTP/1.1 client, one kept-alive connection per thread) answers, refusals, an engine
+that closed an idle connection, an engine that is gone; the ways an HTTP/1.1 answer may be
+framed (Content-Length, chunked, until the connection closes, after a 100 Continue, announcing
+`Connection: close`, trickled in small TCP writes) and one cut short; and a stream cut before
+its end. Last, what the worker's runner makes of a stream that ends with `[DONE]` but without
+a finish reason (what a vLLM server whose engine core died sends)."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from unittest.mock import ANY
@@ -25,20 +30,31 @@ UNIT = 256 * 1024 * 1024
 class _Engine(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # kept-alive connections, as uvicorn serves them
     served: list[dict[str, object]] = []
+    peers: list[int] = []  # the client's port for each request: which connection carried it
     close_after_answer = False
+    # How a 200 answer is framed: "length" (Content-Length), "chunked", "until_close" (neither:
+    # the body ends when the connection does), "continue" (a 100 Continue first), "close"
+    # (announces `Connection: close` but leaves the connection open), "cut" (closes mid-body).
+    framing = "length"
+    trickle = False  # the answer in writes of 1 to 3 bytes, each sent at once (TCP_NODELAY)
     cut_stream = False
     ends_with_a_reason = False  # the last chunk has a finish reason, as a whole answer has
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Engine.served.append(body)
+        _Engine.peers.append(self.client_address[1])
         if body.get("stream"):
             self._stream()
             return
         if body.get("max_tokens", 0) < 0:
             self._answer(400, {"message": "max_tokens must be at least 1"})
             return
-        self._answer(200, {"echo": body, "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+        payload = {"echo": body, "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+        if _Engine.framing != "length" or _Engine.trickle:
+            self._framed(payload)
+            return
+        self._answer(200, payload)
         if _Engine.close_after_answer:
             self.close_connection = True  # as an idle keep-alive timeout does, unannounced
 
@@ -49,6 +65,43 @@ class _Engine(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def _framed(self, payload: dict[str, object]) -> None:
+        """The answer written out by hand, framed as `_Engine.framing` says."""
+        data = json.dumps(payload).encode()
+        framing = _Engine.framing
+        head = b"HTTP/1.1 200 OK\r\nServer: test\r\nContent-Type: application/json\r\n"
+        if framing == "chunked":  # pieces of 7 bytes, an extension on one, and a trailer
+            pieces = [data[i : i + 7] for i in range(0, len(data), 7)]
+            chunks = [
+                b"%x%s\r\n%s\r\n" % (len(p), b";x=1" * (i == 1), p) for i, p in enumerate(pieces)
+            ]
+            answer = head + b"Transfer-Encoding: chunked\r\n\r\n" + b"".join(chunks)
+            answer += b"0\r\nX-Trailer: t\r\n\r\n"
+        elif framing == "until_close":
+            answer = head + b"\r\n" + data
+            self.close_connection = True
+        else:
+            length = b"Content-Length: %d\r\n" % len(data)
+            answer = head + length + b"\r\n" + data
+            if framing == "continue":
+                answer = b"HTTP/1.1 100 Continue\r\nX-Interim: yes\r\n\r\n" + answer
+            elif framing == "close":
+                answer = head + b"Connection: close\r\n" + length + b"\r\n" + data
+            elif framing == "cut":
+                answer = answer[:-5]
+                self.close_connection = True
+        if not _Engine.trickle:
+            self.wfile.write(answer)
+            return
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        start, sizes = 0, itertools.cycle((1, 3, 2))
+        while start < len(answer):  # each piece its own segment, the client reading meanwhile
+            size = next(sizes)
+            self.wfile.write(answer[start : start + size])
+            self.wfile.flush()
+            start += size
+            time.sleep(0.0005)
 
     def _stream(self) -> None:
         """Two chunks, then `[DONE]` unless cut. The body ends when the connection closes
@@ -74,7 +127,8 @@ class _Engine(BaseHTTPRequestHandler):
 @pytest.fixture
 def engine() -> Iterator[str]:
     _Engine.served, _Engine.close_after_answer, _Engine.cut_stream = [], False, False
-    _Engine.ends_with_a_reason = False
+    _Engine.ends_with_a_reason, _Engine.peers = False, []
+    _Engine.framing, _Engine.trickle = "length", False
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -105,6 +159,55 @@ def test_a_connection_the_engine_closed_while_idle_is_replaced_without_a_second_
         for index in range(3):
             assert client.chat({"model": "m", "max_tokens": index})["echo"]["max_tokens"] == index
     assert [body["max_tokens"] for body in _Engine.served] == [0, 1, 2]  # each ran once
+
+
+def _chats(engine: str, count: int) -> list[object]:
+    """`count` chats through one client, one after another; the max_tokens each answer echoes.
+    A short read timeout: a client waiting for an end that never comes fails in seconds."""
+    with EngineClient(engine, generate_timeout_s=5) as client:
+        return [
+            client.chat({"model": "m", "max_tokens": n})["echo"]["max_tokens"] for n in range(count)
+        ]
+
+
+def test_a_chunked_answer_is_decoded_and_its_connection_kept(engine):
+    _Engine.framing = "chunked"
+    assert _chats(engine, 3) == [0, 1, 2]
+    assert len(set(_Engine.peers)) == 1  # its end was found where it is: the connection carried on
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_an_answer_in_many_small_writes_is_read_whole(engine, framing):
+    _Engine.framing, _Engine.trickle = framing, True
+    assert _chats(engine, 2) == [0, 1]
+    assert len(set(_Engine.peers)) == 1
+
+
+def test_an_answer_that_says_connection_close_is_its_connections_last(engine):
+    _Engine.framing = "close"  # the engine leaves the connection open: only the header tells
+    assert _chats(engine, 3) == [0, 1, 2]
+    assert len(set(_Engine.peers)) == 3
+
+
+def test_a_body_with_neither_length_nor_chunks_is_read_until_the_connection_closes(engine):
+    _Engine.framing = "until_close"
+    assert _chats(engine, 2) == [0, 1]
+    assert len(_Engine.served) == 2  # each ran once
+
+
+def test_a_100_continue_before_the_answer_is_skipped(engine):
+    _Engine.framing = "continue"
+    assert _chats(engine, 2) == [0, 1]
+    assert len(set(_Engine.peers)) == 1
+
+
+def test_an_answer_cut_short_is_unavailable_and_not_sent_again(engine):
+    with EngineClient(engine, generate_timeout_s=5) as client:
+        client.chat({"model": "m", "max_tokens": 1})
+        _Engine.framing = "cut"  # on the kept-alive connection, after part of the answer came
+        with pytest.raises(EngineUnavailable, match="completions: MalformedResponse"):
+            client.chat({"model": "m", "max_tokens": 2})
+    assert [body["max_tokens"] for body in _Engine.served] == [1, 2]
 
 
 def test_an_engine_that_is_gone_is_unavailable():
