@@ -214,9 +214,12 @@ def scaler_tick() -> dict[str, str]:
     try:
         now = timezone.now()
         scaling_decisions_expire(older_than=now - timedelta(seconds=pending_timeout_s()))
+        pools = list(pool_list(enabled_only=True))
+        if not pools:  # nothing to scale: spare Redis the snapshot's round trips
+            return {}
         snapshot = fair_queue().snapshot()
         done: dict[str, str] = {}
-        for pool in pool_list(enabled_only=True):
+        for pool in pools:
             try:
                 record = scale_pool(pool, snapshot, now)
             except (DomainError, PeakError) as exc:  # a bad pool must not stop the others

@@ -45,7 +45,7 @@ def housekeeping() -> dict[str, int]:
     expired = queue.expire_waiting()
     timeouts_record(queue, expired)  # their waiters are told; the ledger must know too
     kicked = 0
-    for pool in sorted({row.pool for row in queue.snapshot().queues if row.waiting}):
+    for pool in queue.pools_with_waiting_work():
         if queue.kick(pool):  # no loop was idle to wake: a message starts one
             dispatch.delay(pool)
         kicked += 1

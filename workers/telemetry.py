@@ -373,7 +373,7 @@ def _sample(
             report.failed_engines = [e.name for e in engines_check_all()]
         except Exception:  # one broken engine record must not stop the sampling
             log.exception("telemetry: the engine check failed")
-    reserved = queue.snapshot(now=now).engine_reserved_bytes
+    reserved = queue.engine_reserved_bytes()
     engine_rows = []
     engines = Engine.objects.select_related("device").filter(status=EngineStatus.READY)
     for engine in engines:

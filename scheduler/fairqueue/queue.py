@@ -468,6 +468,27 @@ class FairQueue:
             repaired=repair and bool(problems),
         )
 
+    def pools_with_waiting_work(self) -> list[str]:
+        """The pools where some tenant has a job waiting (in two round trips, whatever the
+        load): what housekeeping kicks every few seconds. `snapshot` reads the same through
+        a round trip per running job and per tenant queue."""
+        pools = sorted(_text(p) for p in self.redis.smembers(self.keys.pools()))
+        pipe = self.redis.pipeline(transaction=False)
+        for pool in pools:
+            for request_class in REQUEST_CLASSES:
+                pipe.zcard(self.keys.backlog(pool, request_class))
+        backlogged = iter(pipe.execute())
+        return [pool for pool in pools if sum(next(backlogged) for _ in REQUEST_CLASSES) > 0]
+
+    def engine_reserved_bytes(self) -> dict[str, int]:
+        """The KV bytes reserved on each engine now (two round trips): the sampler's part of
+        `snapshot`."""
+        engines = sorted(_text(e) for e in self.redis.smembers(self.keys.engines()))
+        pipe = self.redis.pipeline(transaction=False)
+        for engine in engines:
+            pipe.hget(self.keys.engine_usage(engine), "reserved")
+        return {e: int(v or 0) for e, v in zip(engines, pipe.execute(), strict=True)}
+
     def snapshot(self, now: float | None = None) -> Snapshot:
         """Queues per pool, class and tenant, and reservations. Read without a lock: for
         people and dashboards, not for decisions."""

@@ -237,6 +237,24 @@ def test_the_status_shows_waiting_running_and_oldest_wait(fq: FairQueue) -> None
     assert rows[("interactive", "b")].waiting == 0
 
 
+def test_the_cheap_reads_agree_with_the_snapshot(fq: FairQueue) -> None:
+    """Housekeeping and the sampler read the pools with waiting work and each engine's
+    reservations without the snapshot's round trip per job and per queue."""
+    setup_pool(fq)
+    fq.set_engine_policy(EnginePolicy("e2", "quiet", 8 * UNIT, 8))
+    assert fq.pools_with_waiting_work() == []
+    submit(fq, "a", now=0)
+    submit(fq, "b", request_class="interactive", now=1)
+    assert fq.pools_with_waiting_work() == ["p"]
+    pick(fq, now=2)
+    assert fq.pools_with_waiting_work() == ["p"]  # a's job still waits
+    assert fq.engine_reserved_bytes() == {"e1": UNIT, "e2": 0}
+    assert fq.engine_reserved_bytes() == fq.snapshot().engine_reserved_bytes
+    pick(fq, now=3)
+    assert fq.pools_with_waiting_work() == []
+    assert fq.engine_reserved_bytes() == {"e1": 2 * UNIT, "e2": 0}
+
+
 def test_the_scripts_and_keys_py_name_the_same_keys(fq: FairQueue, fq_redis: redis.Redis) -> None:
     setup_pool(fq)
     job = submit(fq)
