@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 
 import httpx
 import redis
-import redis.asyncio as aioredis
 from django.conf import settings
 from django.db import connection
 
+from config.blocking_pops import BlockingPops
 from config.errors import DomainError, Forbidden, NotFound
 from config.ttlcache import TtlCache
 from scheduler.fairqueue.domain import Job, JobRejected, JobState
@@ -156,32 +156,30 @@ def _prepare(authorization: str, request: InferenceRequest, class_header: str) -
 
 # Keyed by the loop itself (weakly): a client is bound to the loop it was made on.
 _loop_clients: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, aioredis.Redis]
+    asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, BlockingPops]
 ] = weakref.WeakKeyDictionary()
 
 
-# How long the web's client waits for any reply of Redis. The waits for a job's events are
-# bounded by BLPOP's own 1 s; this only catches a connection that died silently. It must be
-# far above any stall of the process: a BLPOP reply that arrives while the process is stalled
-# past the read timeout is lost (Redis popped the event, the client drops the connection),
-# and redis-py 8's default is 5 s, which a machine busy with CPU engines reaches.
+# How long past BLPOP's own timeout (1 s) the web waits for Redis's reply: this only catches
+# a connection that died silently. It must be far above any stall of the process: a BLPOP
+# reply that arrives while the process is stalled past it is lost (Redis popped the event,
+# the client drops the connection), and a machine busy with CPU engines stalls for seconds.
 EVENTS_READ_TIMEOUT_S = 60.0
 
 
-def _loop_state() -> tuple[httpx.AsyncClient, aioredis.Redis]:
-    """An HTTP client and a Redis client for the running event loop, made once: a new HTTP
-    client costs tens of ms of CPU (TLS context), a new Redis client a new connection."""
+def _loop_state() -> tuple[httpx.AsyncClient, BlockingPops]:
+    """An HTTP client and the job events' reader for the running event loop, made once: a
+    new HTTP client costs tens of ms of CPU (TLS context), a new reader new connections."""
     loop = asyncio.get_running_loop()
     state = _loop_clients.get(loop)
     if state is None:
         http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=64))
         # Each waiting request holds a connection in BLPOP: the pool must have room for all
         # of them (redis-py's default, 100, failed requests beyond the hundredth).
-        events = aioredis.Redis.from_url(
+        events = BlockingPops(
             settings.REDIS_URL,
-            decode_responses=True,
             max_connections=settings.GPUSHARE_MAX_WAITING_REQUESTS,
-            socket_timeout=EVENTS_READ_TIMEOUT_S,
+            read_timeout_s=EVENTS_READ_TIMEOUT_S,
         )
         state = _loop_clients[loop] = (http, events)
     return state
@@ -358,14 +356,14 @@ async def follow(
     generate_s = float(settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S)
     attempt: int | None = None
     last_event = time.time()
-    client = _loop_state()[1]  # BLPOP holds one of its pooled connections while it waits
+    pops = _loop_state()[1]  # BLPOP holds one of its connections while it waits
     while True:
         try:
-            answer = await client.blpop([key], timeout=1)
+            answer = await pops.blpop(key, 1)
         except redis.TimeoutError:
-            # redis-py's own read timeout (5 s by default) ran out: the machine stalled (a CPU
-            # engine starting can freeze two cores for seconds). Not news, and not a reason
-            # to fail the request: the checks below decide when waiting is over.
+            # The reply is late past its margin: the machine stalled (a CPU engine starting
+            # can freeze two cores for seconds). Not news, and not a reason to fail the
+            # request: the checks below decide when waiting is over.
             answer = None
         if client_gone is not None and client_gone.is_set():
             raise asyncio.CancelledError

@@ -114,9 +114,9 @@ async def inference_app(scope: Scope, receive: Receive, send: Send) -> None:
     gone = asyncio.ensure_future(_disconnected(receive))
     await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
     if not answer.done():  # the client left first: stop waiting or streaming for it
-        # Cancelling the task alone is not enough: redis-py's asyncio client can swallow a
-        # cancellation that lands during a blocking read (seen with BLPOP, redis 8.1), and
-        # the relay then ran to the end for nobody. The flag stops it at its next event.
+        # The flag as well as the cancellation: a client library that swallows a
+        # cancellation landing in a blocking read (redis-py's asyncio client did, in BLPOP)
+        # would let the relay run to the end for nobody. The flag stops it at its next event.
         client_gone.set()
         answer.cancel()
     gone.cancel()

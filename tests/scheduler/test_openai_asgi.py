@@ -72,7 +72,7 @@ def test_the_web_has_a_redis_connection_for_every_request_it_lets_wait(settings)
     settings.GPUSHARE_MAX_WAITING_REQUESTS = 1234
 
     async def pool_size() -> int:
-        size: int = online._loop_state()[1].connection_pool.max_connections
+        size: int = online._loop_state()[1].max_connections
         return size
 
     assert asyncio.run(pool_size()) == 1234  # redis-py's default of 100 failed the 101st
