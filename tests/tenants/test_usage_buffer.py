@@ -1,6 +1,8 @@
-from datetime import UTC, datetime
+import json
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from django.db import connection
 
 from tenants.models import UsageRecord
 from tenants.usage_buffer import (
@@ -32,11 +34,22 @@ def test_pushed_rows_reach_the_ledger_in_one_flush(owner, redis_db):
 
 
 def test_a_full_batch_is_written_whatever_the_database_s_parameter_limit(owner, redis_db):
-    """500 rows of 19 values: more parameters than SQLite takes in one statement (999)."""
+    """500 rows of 19 values: more parameters than SQLite takes in one statement (999), and
+    on PostgreSQL one JSON parameter; every row keeps its own values, whole and in place."""
+    expected = set()
     for i in range(FLUSH_BATCH):
-        usage_push(fields(owner, f"r{i}"))
-    assert usage_flush() == FLUSH_BATCH
-    assert UsageRecord.objects.filter(tenant=owner).count() == FLUSH_BATCH
+        row = {"engine": f"e{i}", "prompt_tokens": i, "reserved_units": i / 4,
+               "ttft_ms": None if i % 3 else i * 2}  # fmt: skip
+        if i % 2:
+            del row["engine"]  # half the rows leave a field out
+        usage_push(fields(owner, f"r{i}", **row))
+        expected.add((f"r{i}", row.get("engine", ""), i, i / 4, row["ttft_ms"]))
+    assert usage_flush(max_batches=1) == FLUSH_BATCH  # in one batch
+    written = UsageRecord.objects.filter(tenant=owner).values_list(
+        "request_id", "engine", "prompt_tokens", "reserved_units", "ttft_ms"
+    )
+    assert set(written) == expected
+    assert len(written) == FLUSH_BATCH
     assert redis_db.llen(PENDING_KEY) == 0
 
 
@@ -47,6 +60,15 @@ def test_a_row_flushed_twice_is_kept_once(owner, redis_db):
     usage_flush()
     record = UsageRecord.objects.get(request_id="same")
     assert record.completion_tokens == 5
+
+
+def test_a_row_pushed_twice_in_one_batch_is_kept_once(owner, redis_db):
+    usage_push(fields(owner, "same"))
+    usage_push(fields(owner, "same", completion_tokens=99))
+    usage_push(fields(owner, "other"))
+    usage_flush()
+    assert UsageRecord.objects.filter(tenant=owner).count() == 2
+    assert UsageRecord.objects.get(request_id="same").completion_tokens == 5
 
 
 def test_only_one_flusher_at_a_time(owner, redis_db):
@@ -83,3 +105,118 @@ def test_a_row_with_a_field_the_ledger_does_not_have_is_dropped_alone(owner, red
     usage_push(fields(owner, "fine"))
     assert usage_flush() == 1
     assert list(UsageRecord.objects.values_list("request_id", flat=True)) == ["fine"]
+
+
+def test_a_row_with_only_the_required_fields_gets_every_default(owner, redis_db):
+    usage_push({"request_id": "bare", "tenant_id": owner.pk, "model": "m",
+                "request_class": "standard", "outcome": "success",
+                "finished_at": datetime(2026, 11, 30, tzinfo=UTC).isoformat()})  # fmt: skip
+    assert usage_flush() == 1
+    bare = UsageRecord.objects.values().get(request_id="bare")
+    del bare["id"]
+    assert bare == {
+        "request_id": "bare", "tenant_id": owner.pk, "api_key_id": None, "model": "m",
+        "engine": "", "request_class": "standard", "batch_id": "", "endpoint": "",
+        "outcome": "success", "status_code": 200, "prompt_tokens": 0, "completion_tokens": 0,
+        "reserved_units": 0, "reserved_unit_seconds": 0, "queue_wait_ms": 0, "ttft_ms": None,
+        "latency_ms": 0, "error_code": "", "finished_at": datetime(2026, 11, 30, tzinfo=UTC),
+    }  # fmt: skip
+
+
+def test_nulls_are_written_as_nulls_and_values_beside_them_as_values(owner, owner_key, redis_db):
+    key = owner_key.api_key
+    usage_push(fields(owner, "nulls", api_key_id=None, ttft_ms=None))
+    usage_push(fields(owner, "set", api_key_id=key.pk, ttft_ms=0))
+    assert usage_flush() == 2
+    assert UsageRecord.objects.filter(api_key__isnull=True, ttft_ms__isnull=True).count() == 1
+    assert UsageRecord.objects.get(request_id="nulls").api_key_id is None
+    written = UsageRecord.objects.get(request_id="set")
+    assert (written.api_key_id, written.ttft_ms) == (key.pk, 0)
+
+
+AWKWARD = [
+    "",
+    "it's \"quoted\" ''twice''",
+    "back\\slash \\n \\\\ \\'",
+    "{braces},{a,b} {}",
+    "a,b,,c",
+    "NULL",
+    "null",
+    "(1,2)",
+    "[1, 2]",
+    "été 中文 😀 \u200b",
+    "line\nbreak\ttab\r",
+    "  padded  ",
+    "%s %(x)s %%",
+]
+
+
+@pytest.mark.parametrize("text", AWKWARD)
+def test_text_is_written_exactly_whatever_its_characters(owner, redis_db, text):
+    usage_push(fields(owner, "awkward", model=text, engine=text, error_code=text,
+                      batch_id=text, endpoint=text))  # fmt: skip
+    usage_push(fields(owner, "plain", model="m"))  # a neighbour, so the text is one of several
+    assert usage_flush() == 2
+    written = UsageRecord.objects.get(request_id="awkward")
+    assert [written.model, written.engine, written.error_code, written.batch_id,
+            written.endpoint] == [text] * 5  # fmt: skip
+    assert UsageRecord.objects.get(request_id="plain").model == "m"
+
+
+def test_a_request_id_with_awkward_characters_is_kept_exactly(owner, redis_db):
+    ids = ["q'\"\\{},", "é😀", "NULL"]
+    for request_id in ids:
+        usage_push(fields(owner, request_id))
+    assert usage_flush() == len(ids)
+    assert sorted(UsageRecord.objects.values_list("request_id", flat=True)) == sorted(ids)
+
+
+def test_finished_at_keeps_its_instant_whatever_its_offset(owner, redis_db):
+    ist = timezone(timedelta(hours=5, minutes=30))
+    instant = datetime(2026, 11, 30, 12, 34, 56, 789012, tzinfo=ist)
+    usage_push(fields(owner, "ist", finished_at=instant.isoformat()))
+    usage_push(fields(owner, "zulu", finished_at="2026-11-30T07:04:56.789012Z"))
+    assert usage_flush() == 2
+    assert UsageRecord.objects.get(request_id="ist").finished_at == instant
+    assert UsageRecord.objects.get(request_id="zulu").finished_at == instant
+
+
+def test_a_row_with_a_timestamp_that_is_not_one_is_dropped_alone(owner, redis_db):
+    usage_push(fields(owner, "late", finished_at="yesterday"))
+    usage_push(fields(owner, "fine"))
+    assert usage_flush() == 1
+    assert list(UsageRecord.objects.values_list("request_id", flat=True)) == ["fine"]
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_row_with_a_number_json_does_not_have_is_dropped_alone(owner, redis_db, constant):
+    """Python's json writes NaN and Infinity; neither is JSON nor a usage figure."""
+    row = json.dumps(fields(owner, "odd", reserved_units=1.0)).replace("1.0", constant)
+    redis_db.rpush(PENDING_KEY, row)
+    usage_push(fields(owner, "fine"))
+    assert usage_flush() == 1
+    assert list(UsageRecord.objects.values_list("request_id", flat=True)) == ["fine"]
+    assert redis_db.llen(PENDING_KEY) == 0
+
+
+def test_on_postgresql_each_batch_is_one_short_statement_whatever_its_size(owner, redis_db):
+    """psycopg converts a statement's placeholders once and caches it only if the statement is
+    at most 4096 characters with at most 50 parameters: the same text at every flush."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite writes VALUES lists, as many rows a statement as it takes")
+    statements = []
+
+    def record(execute, sql, params, many, context):
+        statements.append((sql, len(params)))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        for size in (1, FLUSH_BATCH):
+            for i in range(size):
+                usage_push(fields(owner, f"r{size}-{i}"))
+            assert usage_flush() == size
+    inserts = [(sql, n) for sql, n in statements if sql.startswith("INSERT")]
+    assert len(inserts) == 2
+    assert inserts[0] == inserts[1]
+    assert len(inserts[0][0]) <= 4096
+    assert inserts[0][1] == 1
