@@ -32,7 +32,7 @@ trap stop_all EXIT
 
 say "Starting a Celery worker (log: var/log/worker.log)"
 "$VENV/bin/celery" -A config worker --pool threads --concurrency "${GPUSHARE_WORKER_THREADS:-8}" \
-  --loglevel INFO >"$LOG_DIR/worker.log" 2>&1 &
+  --without-gossip --without-mingle --without-heartbeat --loglevel INFO >"$LOG_DIR/worker.log" 2>&1 &
 children+=($!)
 say "Starting Celery beat (log: var/log/beat.log)"
 "$VENV/bin/celery" -A config beat --loglevel INFO >"$LOG_DIR/beat.log" 2>&1 &

@@ -116,7 +116,10 @@ class Platform:
         self.manage("migrate", "--noinput")
         celery = [sys.executable, "-m", "celery", "-A", "config"]
         worker = ["--pool", "threads", "--concurrency", "16", "--loglevel", "INFO"]
-        self._spawn("worker", [*celery, "worker", *worker, "--without-gossip", "--without-mingle"])
+        # No gossip, mingle or heartbeat: nothing here watches Celery's events, and the
+        # heartbeat alone sent a message every 2 s (as platform/Dockerfile runs it).
+        quiet = ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+        self._spawn("worker", [*celery, "worker", *worker, *quiet])
         self._spawn("beat", [*celery, "beat", "--loglevel", "INFO"])
         uvicorn = [sys.executable, "-m", "uvicorn", "config.asgi:application"]
         address = ["--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]

@@ -63,7 +63,7 @@ def spawn_worker(platform: Platform, node: str) -> None:
     platform.processes[name] = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "threads",
          "--concurrency", "16", "--loglevel", "INFO", "--without-gossip", "--without-mingle",
-         "--hostname", f"{name}@%h"],
+         "--without-heartbeat", "--hostname", f"{name}@%h"],
         cwd=REPO, env=node_env(platform, node), stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip

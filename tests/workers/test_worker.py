@@ -39,6 +39,7 @@ def start_worker(settings, output, **env: str) -> subprocess.Popen:
             "WARNING",
             "--without-gossip",
             "--without-mingle",
+            "--without-heartbeat",
         ],
         cwd=REPO,
         env=env,
