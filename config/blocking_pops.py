@@ -102,6 +102,8 @@ class _Connection(asyncio.Protocol):
         """Sends `command` and returns its reply; a reply that does not come within
         `timeout_s`, or a call interrupted any other way, closes the connection."""
         assert self._transport is not None
+        if not self.usable or self._transport.is_closing():
+            raise redis.ConnectionError("the connection to Redis is closed")
         loop = asyncio.get_running_loop()
         self._reply = reply = loop.create_future()
         self._transport.write(command)
@@ -142,14 +144,34 @@ class BlockingPops:
     async def blpop(self, key: str, timeout_s: int) -> tuple[bytes, bytes] | None:
         """The list's first element (key, value), or None when none came within `timeout_s`
         (whole seconds; Redis waits, not us)."""
+        command = pack_command("BLPOP", key, str(timeout_s))
         async with self._slots:
-            connection = self._free.pop() if self._free else await self._connect()
-            reply = await connection.call(
-                pack_command("BLPOP", key, str(timeout_s)), timeout_s + self._read_timeout_s
-            )
-            if connection.usable:
-                self._free.append(connection)
+            connection = self._kept()
+            try:
+                reply = await self._call(connection, command, timeout_s)
+            except redis.ConnectionError:
+                if connection is None:
+                    raise
+                # A kept connection that Redis closed while it sat here (Redis restarted, or
+                # dropped idle clients): nothing was popped through it, so ask again, once,
+                # on a new one.
+                reply = await self._call(None, command, timeout_s)
         return None if reply is None else (reply[0], reply[1])
+
+    def _kept(self) -> _Connection | None:
+        """A connection kept from an earlier call and still open, if any."""
+        while self._free:
+            connection = self._free.pop()
+            if connection.usable:
+                return connection
+        return None
+
+    async def _call(self, connection: _Connection | None, command: bytes, timeout_s: int) -> Any:
+        connection = connection or await self._connect()
+        reply = await connection.call(command, timeout_s + self._read_timeout_s)
+        if connection.usable:
+            self._free.append(connection)
+        return reply
 
     async def _connect(self) -> _Connection:
         address, loop = self._address, asyncio.get_running_loop()

@@ -1,6 +1,6 @@
 """The web's BLPOP client against the real Redis: elements and timeouts, many waiters at once
-on their own keys, a pool smaller than the waiters, a cancelled call that pops nothing, and
-the errors of a Redis that is away or silent."""
+on their own keys, a pool smaller than the waiters, a cancelled call that pops nothing, kept
+connections that Redis closed meanwhile, and the errors of a Redis that is away or silent."""
 
 from __future__ import annotations
 
@@ -136,3 +136,30 @@ def test_an_error_reply_is_a_response_error(redis_db: redis.Redis, run):
 
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
         run(main())
+
+
+def test_kept_connections_that_redis_closed_are_replaced_without_a_failure(
+    redis_db: redis.Redis, run
+):
+    """As after a Redis restart: every kept connection is gone, noticed or not."""
+
+    async def main() -> list[tuple[bytes, bytes] | None]:
+        reader = pops(max_connections=4, read_timeout_s=2)
+        for n in range(3):  # three connections kept
+            redis_db.rpush(f"warm:{n}", "x")
+        await asyncio.gather(*(reader.blpop(f"warm:{n}", 1) for n in range(3)))
+        redis_db.client_kill_filter(_type="normal", skipme=True)
+        answers = []
+        for n in range(3):
+            redis_db.rpush("events", f"event {n}")
+            answers.append(await reader.blpop("events", 1))
+        await asyncio.sleep(0.1)  # the loop has seen the closes now
+        redis_db.rpush("events", "event 3")
+        answers.append(await reader.blpop("events", 1))
+        reader.close()
+        return answers
+
+    started = time.monotonic()
+    answers = run(main())
+    assert answers == [(b"events", f"event {n}".encode()) for n in range(4)]
+    assert time.monotonic() - started < 2  # no call waited for a reply that could not come
