@@ -119,13 +119,14 @@ class Ticker:
         due_at = time.monotonic()
         while not self._stopping.wait(max(0.0, due_at - time.monotonic())):
             due_at = max(due_at + self.tick_s, time.monotonic())
-            self._tick()
+            try:
+                self._tick()
+            except Exception:  # Redis or the database away: the next tick tries again
+                log.warning("periodic tick failed", exc_info=True)
 
     def _tick(self) -> None:
         try:
             run_due(self._client(), self._jobs(), self.tick_s)
-        except Exception:  # Redis away: the next tick tries again
-            log.warning("periodic tick failed", exc_info=True)
         finally:
             # The thread lives as long as the worker: hand its database connection back to
             # the pool between ticks rather than hold one for good.
