@@ -106,7 +106,11 @@ class _Connection(asyncio.Protocol):
             raise redis.ConnectionError("the connection to Redis is closed")
         loop = asyncio.get_running_loop()
         self._reply = reply = loop.create_future()
-        self._transport.write(command)
+        try:
+            self._transport.write(command)
+        except (OSError, RuntimeError) as exc:  # closed under us (uvloop raises here)
+            self.close()
+            raise redis.ConnectionError(f"cannot write to Redis: {exc}") from exc
         timer = loop.call_later(timeout_s, _time_out, reply, timeout_s)
         try:
             result = await reply
