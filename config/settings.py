@@ -86,6 +86,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
             "timeout": env_float("DATABASE_POOL_TIMEOUT_S", 10.0),
         }
     }
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # SQLite takes one writer at a time: the web, each worker's threads and its ticker wait
+    # their turn up to this long (Django's default, 5 s, ran out on a starved machine).
+    DATABASES["default"]["OPTIONS"] = {"timeout": env_float("DATABASE_SQLITE_TIMEOUT_S", 20.0)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

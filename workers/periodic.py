@@ -5,8 +5,9 @@ every 1 to 10 s. They used to come as Celery beat messages, one `tick` a second 
 a message costs the sender, the worker and Redis several ms of CPU whatever the task does
 (kombu's bookkeeping of delivery, acknowledgement and routing; docs/BENCHMARKS.md), more
 than the flush or the housekeeping it carried, and more than a request's own handling. So
-each worker process runs them from a thread of its own (`Ticker`), at the shortest of their
-intervals, and no message crosses the broker.
+each worker process runs them from a ticker thread of its own (`Ticker`), at the shortest
+of their intervals, each job in a thread of a small pool so that a slow one holds back only
+itself, and no message crosses the broker.
 
 A job's turn is claimed in Redis (SET NX with an expiry just under its interval), so the
 tickers of many workers, or a tick that comes twice, still run each job once per interval
@@ -22,6 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,8 +94,11 @@ def run_due(client: redis.Redis, jobs: Sequence[PeriodicJob], tick_s: float) -> 
 
 
 class Ticker:
-    """A daemon thread that runs `run_due` every `tick_s` until stopped. A tick that runs
-    long (a slow database) delays the next one rather than piling ticks up."""
+    """A daemon thread that claims the due periodic jobs every `tick_s` until stopped, and
+    runs each claimed job in a thread of a small pool: a slow job (the sampler waiting on a
+    saturated engine's /metrics, a write waiting on SQLite's lock) delays only its own next
+    run, not the other jobs' (the scaler and housekeeping keep their cadence). A job still
+    running is not claimed again by this ticker."""
 
     def __init__(
         self,
@@ -104,6 +109,9 @@ class Ticker:
         self._jobs, self.tick_s, self._client = jobs, tick_s, client
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._runners = ThreadPoolExecutor(max_workers=8, thread_name_prefix="periodic-job")
+        self._running: set[str] = set()
+        self._lock = threading.Lock()
 
     def start(self) -> None:
         self._stopping.clear()
@@ -121,16 +129,33 @@ class Ticker:
             due_at = max(due_at + self.tick_s, time.monotonic())
             try:
                 self._tick()
-            except Exception:  # Redis or the database away: the next tick tries again
+            except Exception:  # Redis away: the next tick tries again
                 log.warning("periodic tick failed", exc_info=True)
 
     def _tick(self) -> None:
+        with self._lock:
+            idle = [job for job in self._jobs() if job.name not in self._running]
+        due = set(claim_due(self._client(), idle, self.tick_s))
+        for job in idle:
+            if job.name in due:
+                with self._lock:
+                    self._running.add(job.name)
+                self._runners.submit(self._run_job, job)
+
+    def _run_job(self, job: PeriodicJob) -> None:
         try:
-            run_due(self._client(), self._jobs(), self.tick_s)
+            job.run()
+        except Exception:  # logged; the job runs again at its next turn
+            log.exception("periodic job %s failed", job.name)
         finally:
-            # The thread lives as long as the worker: hand its database connection back to
-            # the pool between ticks rather than hold one for good.
-            connection.close()
+            with self._lock:
+                self._running.discard(job.name)
+            try:
+                # The thread lives as long as the worker: hand its database connection back
+                # to the pool between runs rather than hold one for good.
+                connection.close()
+            except Exception:
+                log.warning("could not hand back the database connection", exc_info=True)
 
 
 _ticker: Ticker | None = None

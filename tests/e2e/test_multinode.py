@@ -60,12 +60,15 @@ def manage_on(platform: Platform, node: str, *args: str, timeout: float = 600) -
 def spawn_worker(platform: Platform, node: str) -> None:
     name = f"worker-{node}"
     log = open(platform.workdir / f"{name}.log", "wb")  # noqa: SIM115 - lives with the process
+    # One ticker for the cluster, on the node that stays: on SQLite (`make test`), two
+    # processes running periodic jobs at once kept each other's writes waiting past SQLite's
+    # lock timeout while two engines starved the machine ("database is locked").
+    env = {**node_env(platform, node), "GPUSHARE_WORKER_TICK": "1" if node == NODES[-1] else "0"}
     platform.processes[name] = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "config", "worker", "--pool", "threads",
          "--concurrency", "16", "--loglevel", "INFO", "--without-gossip", "--without-mingle",
          "--without-heartbeat", "--hostname", f"{name}@%h"],
-        cwd=REPO, env=node_env(platform, node), stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
 
 

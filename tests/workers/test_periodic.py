@@ -5,6 +5,7 @@ ticks until it is stopped. On the real Redis; the jobs are stand-ins that record
 
 from __future__ import annotations
 
+import threading
 import time
 
 import redis
@@ -82,6 +83,26 @@ def test_a_tick_that_fails_does_not_stop_the_ticker(redis_db: redis.Redis):
     time.sleep(0.35)
     ticker.stop(timeout_s=2.0)
     assert len(calls) >= 3
+
+
+def test_a_slow_job_does_not_hold_the_others_back(redis_db: redis.Redis):
+    """The sampler stuck on a saturated engine must not stop the scaler's turns."""
+    runs: list[str] = []
+    release = threading.Event()
+
+    def stuck() -> None:
+        runs.append("slow")
+        release.wait(5)
+
+    slow = PeriodicJob("slow", TICK_S, stuck)
+    jobs = [slow, recording("quick", TICK_S, runs)]
+    ticker = Ticker(lambda: jobs, TICK_S, client=lambda: redis_db)
+    ticker.start()
+    time.sleep(0.55)
+    release.set()
+    ticker.stop(timeout_s=2.0)
+    assert runs.count("quick") >= 4  # on time while "slow" was stuck
+    assert runs.count("slow") == 1  # not started again while its run was going
 
 
 def test_the_ticker_comes_at_the_shortest_interval_and_carries_every_job():
