@@ -78,21 +78,6 @@ def claim_due(client: redis.Redis, jobs: Sequence[PeriodicJob], tick_s: float) -
     return [job.name for job, claimed in zip(jobs, pipe.execute(), strict=True) if claimed]
 
 
-def run_due(client: redis.Redis, jobs: Sequence[PeriodicJob], tick_s: float) -> dict[str, Any]:
-    """Runs the jobs whose turn this tick claimed; returns each one's result (or error)."""
-    due = set(claim_due(client, jobs, tick_s))
-    results: dict[str, Any] = {}
-    for job in jobs:
-        if job.name not in due:
-            continue
-        try:
-            results[job.name] = job.run()
-        except Exception as exc:  # one failing job must not keep the others from running
-            log.exception("periodic job %s failed", job.name)
-            results[job.name] = f"error: {type(exc).__name__}: {exc}"
-    return results
-
-
 class Ticker:
     """A daemon thread that claims the due periodic jobs every `tick_s` until stopped, and
     runs each claimed job in a thread of a small pool: a slow job (the sampler waiting on a
