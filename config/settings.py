@@ -9,6 +9,7 @@ import dj_database_url
 import django_stubs_ext
 
 from config.env import env_bool, env_float, env_int, env_list, env_str
+from config.sqlite import sqlite_options
 
 # Lets generic admin/serializer classes be subscripted at run time, as the type hints do.
 django_stubs_ext.monkeypatch()
@@ -87,17 +88,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         }
     }
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # SQLite takes one writer at a time: the web, each worker's threads and its ticker wait
-    # their turn up to this long (Django's default, 5 s, ran out on a starved machine).
-    # A transaction takes the write lock when it begins (IMMEDIATE): one that read first and
-    # then wrote failed at once with "database is locked" while another wrote, without
-    # waiting (SQLite's deadlock rule; seen in `engine_start` under the scaler). WAL lets
-    # readers go on while one writes.
-    DATABASES["default"]["OPTIONS"] = {
-        "timeout": env_float("DATABASE_SQLITE_TIMEOUT_S", 20.0),
-        "transaction_mode": "IMMEDIATE",
-        "init_command": "PRAGMA journal_mode=WAL;",
-    }
+    DATABASES["default"]["OPTIONS"] = sqlite_options(env_float("DATABASE_SQLITE_TIMEOUT_S", 20.0))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
