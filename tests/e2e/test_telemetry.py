@@ -142,13 +142,16 @@ def test_the_sampler_runs_for_real_on_cpu_with_no_gpu_fields(platform_server, tr
             "print(json.dumps({'rows': rows, 'gpus': GpuSample.objects.count(), "
             "'load': load}, default=str))",
         )
-        return data if len(data["rows"]) >= 2 else None
+        # Two readings of the engine's /metrics: on a starved machine (CI runs another
+        # platform's two engines beside this one) a sample's /metrics can time out, and the
+        # sampler keeps the row with its other signals (seen: a ReadTimeout, a None KV usage).
+        measured = [row for row in data["rows"] if row["kv_cache_usage"] is not None]
+        return data if len(measured) >= 2 else None
 
     data = wait_for(sampled)
     assert data["gpus"] == 0  # no NVIDIA driver here: no GPU rows at all
     rows = data["rows"]
     assert all(row["gpu_utilization"] is None for row in rows)
-    assert all(row["kv_cache_usage"] is not None for row in rows)
     assert all(row["resolution"] == "raw" for row in rows)
     assert all(0 <= row["load"] <= 1 for row in rows)
     assert any(row["ttft_mean_s"] for row in rows)
