@@ -258,6 +258,9 @@ GPUSHARE_MAX_WAITING_REQUESTS = env_int("GPUSHARE_MAX_WAITING_REQUESTS", 2000)
 # /tokenize: the bound (plus a margin) is reserved instead. 0 counts every prompt exactly.
 GPUSHARE_COUNT_PROMPTS_ABOVE_TOKENS = env_int("GPUSHARE_COUNT_PROMPTS_ABOVE_TOKENS", 1024)
 GPUSHARE_HOUSEKEEPING_INTERVAL_S = env_float("GPUSHARE_HOUSEKEEPING_INTERVAL_S", 2.0)
+# Housekeeping's engine sync and the batch feeder read their rows only when a save changed
+# them (config/change_marks.py), and at least this often whatever happened.
+GPUSHARE_CHANGE_RECHECK_S = env_float("GPUSHARE_CHANGE_RECHECK_S", 30.0)
 # Finished requests reach the usage ledger in bulk, this often.
 GPUSHARE_USAGE_FLUSH_INTERVAL_S = env_float("GPUSHARE_USAGE_FLUSH_INTERVAL_S", 1.0)
 # Task modules of the workers app (besides workers.tasks, which autodiscovery finds).

@@ -33,6 +33,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
+from config.change_marks import ChangeMark
 from config.errors import DomainError, Forbidden, NotFound
 from config.redis import redis_client
 from scheduler.fairqueue.domain import JobRejected, JobState
@@ -418,6 +419,24 @@ def _feed_soon(batch_pk: int) -> None:
         batch_process(batch_pk=batch_pk)
     elif client.set(TRAILING_KICK_KEY.format(pk=batch_pk), 1, nx=True, px=KICK_EVERY_MS):
         process_batch.apply_async((batch_pk,), countdown=KICK_EVERY_MS / 1000)
+
+
+def batch_changes() -> ChangeMark:
+    """Counts saves of batches' rows (scheduler.signals), for `batches_tick_if_changed`."""
+    return ChangeMark("batches", recheck_s=settings.GPUSHARE_CHANGE_RECHECK_S)
+
+
+def batches_tick_if_changed() -> int | None:
+    """`batches_tick` unless it found no active batch last time and no batch was saved since
+    (a batch becomes active only when it is created); None when it did not look."""
+    mark = batch_changes()
+    count = mark.moved()
+    if count is None:
+        return None
+    looked_at = batches_tick()
+    if looked_at == 0:  # nothing to feed until a batch is saved
+        mark.acted_on(count)
+    return looked_at
 
 
 def batches_tick() -> int:

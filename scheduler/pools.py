@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from django.conf import settings
 
+from config.change_marks import ChangeMark
 from config.redis import redis_client
 from scheduler.fairqueue.domain import (
     EnginePolicy,
@@ -115,6 +116,25 @@ def enqueue_resyncing(
     sync_engine(engine, queue)
     sync_tenant(tenant, queue)
     return enqueue()
+
+
+def engine_changes() -> ChangeMark:
+    """Counts saves of engines' rows (scheduler.signals), for `sync_engines_if_changed`."""
+    return ChangeMark("engines", recheck_s=settings.GPUSHARE_CHANGE_RECHECK_S)
+
+
+def sync_engines_if_changed(queue: FairQueue | None = None) -> int | None:
+    """`sync_all_engines` when an engine's row changed since the last sync, or the recheck
+    is due; None when nothing changed. The sync is a safety net: an engine that becomes ready
+    or leaves is synced at once by whoever changes it, and a request that finds the queue
+    without its engine syncs it (`enqueue_resyncing`)."""
+    mark = engine_changes()
+    count = mark.moved()
+    if count is None:
+        return None
+    ready = sync_all_engines(queue)
+    mark.acted_on(count)
+    return ready
 
 
 def sync_all_engines(queue: FairQueue | None = None) -> int:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from scheduler.batches import batch_process, batches_tick
+from scheduler.batches import batch_process, batches_tick_if_changed
 
 
 @shared_task(name="workers.batch_tick")
-def batch_tick() -> int:
-    """Beat, every few seconds: validate new batches, top up running ones to their window,
-    re-feed lines Redis lost, expire, finalize. Returns how many batches it looked at."""
-    return batches_tick()
+def batch_tick() -> int | None:
+    """Every few seconds (the ticker): validate new batches, top up running ones to their
+    window, re-feed lines Redis lost, expire, finalize. Returns how many batches it looked
+    at; None when no batch was active last time and none was saved since."""
+    return batches_tick_if_changed()
 
 
 @shared_task(name="workers.batch_process")

@@ -32,8 +32,7 @@ from django.db import connection
 
 from config.ttlcache import TtlCache
 from scheduler.batches import batch_line_finished
-from scheduler.engines.client import EngineClient
-from scheduler.engines.supervisor import engine_client
+from scheduler.engines.supervisor import shared_engine_client
 from scheduler.fairqueue.domain import DispatchLoop, Job
 from scheduler.fairqueue.queue import FairQueue, LastWords
 from scheduler.models import Engine
@@ -49,20 +48,6 @@ log = logging.getLogger(__name__)
 # Engines by name, for their address: a moved or removed engine is seen within the TTL (and a
 # job picked for an engine that is gone is given back to its queue).
 _engines: TtlCache[Engine | None] = TtlCache(ttl_s=5.0)
-_clients: dict[str, EngineClient] = {}
-_clients_lock = threading.Lock()
-
-
-def _client_for(engine: Engine) -> EngineClient:
-    """One HTTP client per engine and process, shared by the worker threads (httpx clients
-    are thread-safe): a new client costs tens of ms of CPU (TLS context) and a new connection."""
-    with _clients_lock:
-        client = _clients.get(engine.base_url)
-        if client is None:
-            client = _clients[engine.base_url] = engine_client(engine)
-        return client
-
-
 # How long one dispatch task keeps its thread before it hands the pool's remaining work to a
 # new message: a bound on how long its message stays unacknowledged in the broker (far below
 # the visibility timeout). The threads other tasks need are kept free by the loop seats.
@@ -220,7 +205,7 @@ def run_picked(queue: FairQueue, job: Job) -> RunResult:
     if engine is None:  # removed while the job waited: give it back for another engine
         queue.requeue(job.job_id, attempt=job.attempt, reason="engine_removed")
         return RunResult(outcome="requeued")
-    return run_job(queue, job, _client_for(engine))
+    return run_job(queue, job, shared_engine_client(engine))
 
 
 def last_words(job: Job, request: dict[str, Any], result: RunResult) -> LastWords:

@@ -7,7 +7,7 @@ import logging
 from celery import shared_task
 
 from config.redis import redis_client
-from scheduler.pools import fair_queue, sync_all_engines
+from scheduler.pools import fair_queue, sync_engines_if_changed
 from tenants.usage_buffer import usage_flush
 from workers.dispatch import dispatch_pool
 from workers.telemetry import timeouts_record
@@ -35,12 +35,12 @@ def flush_usage() -> int:
 
 
 @shared_task(name="workers.housekeeping")
-def housekeeping() -> dict[str, int]:
+def housekeeping() -> dict[str, int | None]:
     """Every few seconds: engines' policies to the queue, dead leases back to their queues,
     waiting jobs past their class's timeout answered, pools with waiting work kicked (an
     idle loop woken, or one summoned)."""
     queue = fair_queue()
-    ready = sync_all_engines(queue)
+    ready = sync_engines_if_changed(queue)  # None: no engine changed, nothing to copy
     reaped = queue.reap_expired_leases()
     expired = queue.expire_waiting()
     timeouts_record(queue, expired)  # their waiters are told; the ledger must know too

@@ -41,7 +41,7 @@ from redis.typing import EncodableT, FieldT
 
 from config.redis import redis_client
 from scheduler.engines.metrics import EngineMetrics
-from scheduler.engines.supervisor import engine_client, engines_check_all
+from scheduler.engines.supervisor import engines_check_all, shared_engine_client
 from scheduler.fairqueue.queue import FairQueue
 from scheduler.gpu_inventory import NvmlUnavailable, node_name, nvml_session
 from scheduler.models import DeviceKind, Engine, EngineStatus
@@ -227,8 +227,7 @@ def _reserved_fraction(queue: FairQueue, engine: str, reserved_bytes: int) -> fl
 
 def _fetch_metrics(engine: Engine) -> EngineMetrics | None:
     try:
-        with engine_client(engine) as client:
-            return client.metrics()
+        return shared_engine_client(engine).metrics()
     except Exception as exc:  # a slow or restarting engine: its other signals still count
         log.info("telemetry: no /metrics from engine %s: %s", engine.name, exc)
         return None
@@ -446,20 +445,24 @@ def ledger_fold(client: redis.Redis | None = None, *, page: int = FOLD_PAGE) -> 
     cursor = int(client.get(LEDGER_CURSOR_KEY) or 0)
     horizon = int(client.get(LEDGER_HORIZON_KEY) or 0)
     newest = UsageRecord.objects.aggregate(newest=Max("pk"))["newest"] or 0
-    rows = list(
-        UsageRecord.objects.filter(pk__gt=cursor, pk__lte=horizon)
-        .order_by("pk")
-        .values(
-            "pk",
-            "tenant__slug",
-            "request_class",
-            "model",
-            "outcome",
-            "prompt_tokens",
-            "completion_tokens",
-            "queue_wait_ms",
-            "latency_ms",
-        )[:page]
+    rows = (
+        []
+        if horizon <= cursor
+        else list(  # nothing new below the horizon: no query
+            UsageRecord.objects.filter(pk__gt=cursor, pk__lte=horizon)
+            .order_by("pk")
+            .values(
+                "pk",
+                "tenant__slug",
+                "request_class",
+                "model",
+                "outcome",
+                "prompt_tokens",
+                "completion_tokens",
+                "queue_wait_ms",
+                "latency_ms",
+            )[:page]
+        )
     )
     pipe = client.pipeline(transaction=True)
     for name, amount in _fold_increments(rows).items():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,6 +81,22 @@ def engine_client(engine: Engine, timeouts: Timeouts | None = None) -> EngineCli
     )
 
 
+_shared_clients: dict[str, EngineClient] = {}
+_shared_clients_lock = threading.Lock()
+
+
+def shared_engine_client(engine: Engine) -> EngineClient:
+    """One HTTP client per engine address and process, with the settings' timeouts, shared
+    by the worker's threads and its periodic checks (httpx clients are thread-safe): a new
+    client costs a few ms of CPU and a new connection, more than the call it makes. Not to
+    be closed by its users."""
+    with _shared_clients_lock:
+        client = _shared_clients.get(engine.base_url)
+        if client is None:
+            client = _shared_clients[engine.base_url] = engine_client(engine)
+        return client
+
+
 def _process_alive(engine: Engine) -> bool:
     return engine.pid is not None and process.is_engine_process(engine.pid, port=engine.port)
 
@@ -104,15 +121,20 @@ def engine_health_check(*, engine: Engine, timeouts: Timeouts | None = None) -> 
     """The crash check plus /health for a ready engine: a ready engine that does not answer
     is failed rather than sent work."""
     engine_refresh(engine=engine)
-    if engine.status == EngineStatus.READY:
-        with engine_client(engine, timeouts) as client:
-            if not client.health():
-                engine_set_status(
-                    engine=engine,
-                    status=EngineStatus.FAILED,
-                    detail=f"/health at {engine.base_url} did not answer 200 while ready",
-                )
+    if engine.status == EngineStatus.READY and not _answers_health(engine, timeouts):
+        engine_set_status(
+            engine=engine,
+            status=EngineStatus.FAILED,
+            detail=f"/health at {engine.base_url} did not answer 200 while ready",
+        )
     return engine
+
+
+def _answers_health(engine: Engine, timeouts: Timeouts | None) -> bool:
+    if timeouts is None:  # the periodic check, every few seconds: the process's client
+        return shared_engine_client(engine).health()
+    with engine_client(engine, timeouts) as client:
+        return client.health()
 
 
 def engines_check_all(*, node: str | None = None, timeouts: Timeouts | None = None) -> list[Engine]:

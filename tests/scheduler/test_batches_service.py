@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from scheduler.batches import batch_get, batch_line_finished, batch_object, batch_process
+from scheduler.batches import (
+    batch_get,
+    batch_line_finished,
+    batch_object,
+    batch_process,
+    batches_tick_if_changed,
+)
 from scheduler.fairqueue.domain import Job
 from scheduler.fairqueue.queue import FairQueue
 from scheduler.models import Batch, BatchLine, BatchStatus, Device, Engine, EngineStatus, LineState
@@ -599,3 +605,16 @@ def test_operators_see_each_batch_with_its_progress_in_the_admin(
     assert "25%" in text
     assert "1/0/4" in text
     assert client.get("/admin/scheduler/storedfile/").status_code == 200
+
+
+def test_the_feeder_looks_for_batches_only_after_one_was_saved(
+    files_dir, queue, owner_key, django_capture_on_commit_callbacks
+):
+    assert batches_tick_if_changed() == 0  # never looked: it looks
+    assert batches_tick_if_changed() is None  # none was active, none saved since
+
+    with django_capture_on_commit_callbacks(execute=True):
+        created = start_batch(bearer_client(owner_key), chat_jsonl(3))
+    assert batches_tick_if_changed() == 1
+    assert Batch.objects.get(public_id=created["id"]).status == BatchStatus.IN_PROGRESS
+    assert batches_tick_if_changed() == 1  # active: fed at every tick, saved or not

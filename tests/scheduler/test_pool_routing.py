@@ -6,6 +6,7 @@ while its in-flight one finishes, and a job goes to the ready engine with the mo
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import redis
@@ -15,7 +16,7 @@ from scheduler.engines.supervisor import Timeouts, engine_stop
 from scheduler.fairqueue.domain import JobRejected
 from scheduler.fairqueue.queue import FairQueue
 from scheduler.models import Device, Engine, EngineStatus
-from scheduler.pools import fair_queue, sync_all_engines, sync_tenant
+from scheduler.pools import fair_queue, sync_all_engines, sync_engines_if_changed, sync_tenant
 from scheduler.services import engine_set_status
 from tests.factories import TenantFactory
 
@@ -192,3 +193,39 @@ def test_ties_in_free_kv_go_to_the_engine_with_fewest_jobs_in_flight(queue, devi
     # Now both have 1,000 tokens free; "busy" has a job in flight, "idle" none.
     enqueue(queue)
     assert picks(queue, 1) == ["idle"]
+
+
+def test_housekeeping_copies_the_engines_again_only_after_one_was_saved(
+    queue, device, model_dir, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        make_engine(device, model_dir, "first", EngineStatus.READY)
+    assert sync_engines_if_changed(queue) == 1
+    queue.remove_engine("first")  # the copy is not read back while no engine changed
+    assert sync_engines_if_changed(queue) is None
+    assert queue.pool_engines(POOL) == []
+
+    with django_capture_on_commit_callbacks(execute=True):
+        make_engine(device, model_dir, "second", EngineStatus.READY, port=2)
+    assert sync_engines_if_changed(queue) == 2
+    assert sorted(queue.pool_engines(POOL)) == ["first", "second"]
+
+    with django_capture_on_commit_callbacks(execute=True):
+        Engine.objects.get(name="second").delete()
+    assert sync_engines_if_changed(queue) == 1
+    assert queue.pool_engines(POOL) == ["first"]
+
+
+def test_housekeeping_copies_the_engines_after_the_recheck_interval_whatever_happened(
+    queue, device, model_dir, settings
+):
+    settings.GPUSHARE_CHANGE_RECHECK_S = 0.2
+    make_engine(device, model_dir, "first", EngineStatus.READY)
+    assert sync_engines_if_changed(queue) == 1
+    # A change no signal sees (queryset.update), and a copy that went missing.
+    Engine.objects.filter(name="first").update(status=EngineStatus.FAILED)
+    assert sync_engines_if_changed(queue) is None
+    assert queue.pool_engines(POOL) == ["first"]
+    time.sleep(0.3)
+    assert sync_engines_if_changed(queue) == 0
+    assert queue.pool_engines(POOL) == []

@@ -1,0 +1,84 @@
+"""Change marks (config/change_marks.py) with the real Redis: a periodic job acts when a save
+counted since its last pass, when its memory of that pass expired, or when Redis lost both;
+and only then."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from config.change_marks import ChangeMark
+
+pytestmark = pytest.mark.django_db
+
+
+def acted(mark: ChangeMark) -> bool:
+    """One pass of a job guarded by the mark: True when it acted."""
+    count = mark.moved()
+    if count is None:
+        return False
+    mark.acted_on(count)
+    return True
+
+
+def test_a_job_acts_once_then_waits_for_a_change(redis_db: redis.Redis) -> None:
+    mark = ChangeMark("things", recheck_s=30)
+    assert acted(mark)  # never acted before
+    assert not acted(mark)
+    assert not acted(mark)
+
+
+def test_a_save_counts_only_once_its_transaction_commits(
+    redis_db: redis.Redis, django_capture_on_commit_callbacks
+) -> None:
+    mark = ChangeMark("things", recheck_s=30)
+    assert acted(mark)
+    with django_capture_on_commit_callbacks() as committed:
+        mark.bump()
+        # A pass now would read the rows as they were before the save.
+        assert not acted(mark)
+    for callback in committed:
+        callback()
+    assert acted(mark)
+    assert not acted(mark)
+
+
+def test_a_change_counted_during_a_pass_brings_another_pass(
+    redis_db: redis.Redis, django_capture_on_commit_callbacks
+) -> None:
+    mark = ChangeMark("things", recheck_s=30)
+    count = mark.moved()
+    assert count is not None
+    with django_capture_on_commit_callbacks(execute=True):
+        mark.bump()  # saved while the job was reading
+    mark.acted_on(count)
+    assert acted(mark)
+
+
+def test_the_job_acts_again_after_recheck_s_whatever_happened(redis_db: redis.Redis) -> None:
+    mark = ChangeMark("things", recheck_s=0.2)
+    assert acted(mark)
+    assert not acted(mark)
+    time.sleep(0.3)
+    assert acted(mark)
+
+
+def test_a_redis_that_lost_its_data_makes_the_job_act(redis_db: redis.Redis) -> None:
+    mark = ChangeMark("things", recheck_s=30)
+    assert acted(mark)
+    redis_db.flushdb()
+    assert acted(mark)
+
+
+def test_marks_of_different_names_do_not_mix(
+    redis_db: redis.Redis, django_capture_on_commit_callbacks
+) -> None:
+    engines, batches = ChangeMark("engines", recheck_s=30), ChangeMark("batches", recheck_s=30)
+    assert acted(engines)
+    assert acted(batches)
+    with django_capture_on_commit_callbacks(execute=True):
+        engines.bump()
+    assert not acted(batches)
+    assert acted(engines)
