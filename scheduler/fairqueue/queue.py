@@ -67,6 +67,7 @@ from scheduler.fairqueue.domain import (
     TenantPolicy,
 )
 from scheduler.fairqueue.keys import Keys, check_id
+from scheduler.fairqueue.raw_redis import RawRedis
 from scheduler.request_classes import REQUEST_CLASSES
 
 LUA_DIR = Path(__file__).with_name("lua")
@@ -122,6 +123,9 @@ class FairQueue:
         self._scripts: dict[str, Script] = {
             name: client.register_script(script_source(name)) for name in SCRIPT_NAMES
         }
+        # The script calls, loops' waits and events go over lean connections of their own
+        # where the client's kind of connection allows (config/raw_redis.py).
+        self._raw = RawRedis.like(client)
 
     # --- policies (written by the platform from its database) ----------------------------
 
@@ -177,7 +181,14 @@ class FairQueue:
     def _run(self, name: str, *args: Any, now: float | None = None) -> Any:
         moment = "" if now is None else repr(float(now))
         head: list[str | int] = [self.config.prefix, moment, self.config.keep_s]
-        return self._scripts[name](keys=[], args=[*head, *args])
+        script = self._scripts[name]
+        if self._raw is None:
+            return script(keys=[], args=[*head, *args])
+        try:
+            return self._raw.call("EVALSHA", script.sha, 0, *head, *args)
+        except redis.exceptions.NoScriptError:  # a Redis restarted or flushed: nothing ran
+            self._raw.call("SCRIPT", "LOAD", script.script)
+            return self._raw.call("EVALSHA", script.sha, 0, *head, *args)
 
     def enqueue(
         self,
@@ -355,12 +366,9 @@ class FairQueue:
             left = waits_until - time.monotonic()
             if left <= 0:
                 break
-            pipe = self.redis.pipeline(transaction=False)
-            # XX: never re-register a loop a waker has just taken (its wake is on the list).
-            pipe.zadd(idle, {loop.token: time.time() + self.config.loop_idle_s}, xx=True, ch=True)
-            pipe.blpop([wake], timeout=min(WAIT_SLICE_S, self.config.loop_idle_s / 2, left))
+            slice_s = min(WAIT_SLICE_S, self.config.loop_idle_s / 2, left)
             try:
-                renewed, woken = pipe.execute()
+                renewed, woken = self._renew_and_wait(idle, wake, loop.token, slice_s)
             except redis.TimeoutError:  # the client's read timeout, on a stalled machine
                 continue
             if woken is not None:
@@ -368,6 +376,18 @@ class FairQueue:
             if not renewed:
                 break
         return self.stop_waiting(pool, loop)
+
+    def _renew_and_wait(self, idle: str, wake: str, token: str, slice_s: float) -> list[Any]:
+        """One round trip: the loop's idle registration renewed (XX: never re-registered
+        once a waker has taken it, its wake being on the list), then BLPOP on its wake list."""
+        until = repr(time.time() + self.config.loop_idle_s)
+        if self._raw is None:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zadd(idle, {token: float(until)}, xx=True, ch=True)
+            pipe.blpop([wake], timeout=slice_s)
+            return pipe.execute()
+        commands = [("ZADD", idle, "XX", "CH", until, token), ("BLPOP", wake, repr(slice_s))]
+        return self._raw.pipeline(commands, block_s=slice_s)
 
     def stop_waiting(self, pool: str, loop: DispatchLoop) -> bool:
         """An idle loop leaves; True when it was woken meanwhile (its work needs a loop)."""
@@ -411,11 +431,15 @@ class FairQueue:
 
     def publish(self, job_id: str, event: Mapping[str, Any]) -> None:
         """Appends an event (JSON) to the job's event list, for its waiter."""
-        key = self.keys.events(job_id)
-        pipe = self.redis.pipeline()
-        pipe.rpush(key, json.dumps(dict(event)))
-        pipe.expire(key, self.config.keep_s)
-        pipe.execute()
+        key, raw = self.keys.events(job_id), json.dumps(dict(event))
+        if self._raw is None:
+            pipe = self.redis.pipeline()
+            pipe.rpush(key, raw)
+            pipe.expire(key, self.config.keep_s)
+            pipe.execute()
+            return
+        commands = [("MULTI",), ("RPUSH", key, raw), ("EXPIRE", key, self.config.keep_s)]
+        self._raw.pipeline([*commands, ("EXEC",)])
 
     def wait_event(self, job_id: str, timeout_s: float) -> dict[str, Any] | None:
         """The job's next event, waiting up to `timeout_s`; None when none came."""
