@@ -4,9 +4,10 @@ Everything else (the supervisor, workers, telemetry, tests) goes through it, so 
 error wording are decided once. Errors are EngineUnavailable (cannot reach it, or it is not
 healthy) or EngineRequestError (it answered with an error).
 
-Control calls and streams go through httpx; non-streamed generation, the worker's hottest call,
-through a small HTTP/1.1 client of our own on a plain socket (_KeptAliveJsonPosts), which
-costs a fraction of httpx's or http.client's CPU per request.
+Streams and the rare control calls go through httpx; non-streamed generation, the worker's
+hottest call, and the periodic /health and /metrics through a small HTTP/1.1 client of our
+own on a plain socket (_KeptAliveHttp), which costs a fraction of httpx's or http.client's
+CPU per request.
 """
 
 from __future__ import annotations
@@ -50,16 +51,17 @@ class EngineClient:
         self.base_url = base_url.rstrip("/")
         # Short for control calls; generation may legitimately take minutes to finish, but
         # connecting must still be quick.
+        self._control_timeout_s = timeout_s
         self._control_timeout = httpx.Timeout(timeout_s)
         self._generate_timeout = httpx.Timeout(generate_timeout_s, connect=timeout_s)
         # Engines speak plain HTTP (Engine.base_url); no TLS context, whose set-up (loading the
         # CA bundle) costs tens of ms of CPU for every client made.
         self._http = httpx.Client(base_url=self.base_url, verify=False)
-        self._posts = _KeptAliveJsonPosts(self.base_url, timeout_s, generate_timeout_s)
+        self._kept_alive = _KeptAliveHttp(self.base_url, timeout_s, generate_timeout_s)
 
     def close(self) -> None:
         self._http.close()
-        self._posts.close()
+        self._kept_alive.close()
 
     def __enter__(self) -> EngineClient:
         return self
@@ -82,17 +84,19 @@ class EngineClient:
     def health(self) -> bool:
         """True when the engine answers /health with 200; never raises."""
         try:
-            self._request("GET", "/health", timeout=self._control_timeout)
+            status, _ = self._kept_alive.get("/health", self._control_timeout_s)
         except EngineError:
             return False
-        return True
+        return status == 200
 
     def models(self) -> list[str]:
         body = self._request("GET", "/v1/models", timeout=self._control_timeout).json()
         return [model["id"] for model in body.get("data", [])]
 
     def metrics_text(self) -> str:
-        return self._request("GET", "/metrics", timeout=self._control_timeout).text
+        status, text = self._kept_alive.get("/metrics", self._control_timeout_s)
+        _raise_for_status(status, text, f"{self.base_url}/metrics")
+        return text
 
     def metrics(self) -> EngineMetrics:
         return parse_engine_metrics(self.metrics_text())
@@ -115,7 +119,7 @@ class EngineClient:
         return self._stream("/v1/chat/completions", payload)
 
     def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        status, text = self._posts.post(path, body)
+        status, text = self._kept_alive.post(path, body)
         _raise_for_status(status, text, f"{self.base_url}{path}")
         result: dict[str, Any] = json.loads(text)
         return result
@@ -176,10 +180,11 @@ class _Connection:
     """A socket and a buffered reader on it: readline() for the status line and headers,
     read(n) for the body, each one C call over what recv() already brought in."""
 
-    __slots__ = ("closed", "reader", "sock")
+    __slots__ = ("closed", "reader", "sock", "timeout_s")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self.timeout_s: float | None = None  # as set on the socket
         self.reader = sock.makefile("rb")
         # Seen by the thread that owns it when another thread's close() closed it under it, so
         # that a new one is made, as http.client reconnected a closed HTTPConnection.
@@ -191,10 +196,11 @@ class _Connection:
         self.sock.close()
 
 
-class _KeptAliveJsonPosts:
-    """Generation requests that are not streamed, over a small HTTP/1.1 client of our own on a
-    plain socket, one kept-alive connection per thread: the worker's largest share of the
-    platform's CPU per request (bench/online_overhead.py). http.client costs a third of httpx's
+class _KeptAliveHttp:
+    """Generation requests that are not streamed (and the periodic GETs of /health and
+    /metrics), over a small HTTP/1.1 client of our own on a plain socket, one kept-alive
+    connection per thread: the worker's largest share of the platform's CPU per request
+    (bench/online_overhead.py). http.client costs a third of httpx's
     CPU per request, and this under half of http.client's (bench/engine_posts.py): the
     request goes out as one prebuilt buffer, and of the answer's headers only the three that
     say where the body ends and whether the connection stays open are looked at, where
@@ -209,9 +215,7 @@ class _KeptAliveJsonPosts:
         if self._port != 80:
             host = f"{host}:{self._port}"
         # http.client's headers too: no Accept-Encoding would allow a compressed answer.
-        self._headers = (
-            f"Host: {host}\r\nAccept-Encoding: identity\r\nContent-Type: application/json\r\n"
-        )
+        self._headers = f"Host: {host}\r\nAccept-Encoding: identity\r\n"
         self._local = threading.local()
         self._all: list[_Connection] = []
         self._lock = threading.Lock()
@@ -221,14 +225,24 @@ class _KeptAliveJsonPosts:
         data = json.dumps(body).encode()
         head = (
             f"POST {self._prefix}{path} HTTP/1.1\r\n{self._headers}"
-            f"Content-Length: {len(data)}\r\n\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
         )
         # One sendall: a second small write would wait on the engine's delayed ACK.
-        request = b"".join((head.encode("ascii"), data))
+        return self._exchange(path, b"".join((head.encode("ascii"), data)), self._read_timeout_s)
+
+    def get(self, path: str, timeout_s: float) -> tuple[int, str]:
+        """GET `path` (the periodic /health and /metrics); the status and the body text."""
+        head = f"GET {self._prefix}{path} HTTP/1.1\r\n{self._headers}\r\n"
+        return self._exchange(path, head.encode("ascii"), timeout_s)
+
+    def _exchange(self, path: str, request: bytes, timeout_s: float) -> tuple[int, str]:
         url = f"http://{self._host}:{self._port}{self._prefix}{path}"
         while True:
             connection, reused = self._connection()
             try:
+                if connection.timeout_s != timeout_s:
+                    connection.sock.settimeout(timeout_s)
+                    connection.timeout_s = timeout_s
                 try:
                     connection.sock.sendall(request)
                     line = connection.reader.readline(_MAX_LINE + 1)
@@ -264,8 +278,7 @@ class _KeptAliveJsonPosts:
             raise EngineUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
         # The request is written whole, at once: nothing to gain from Nagle's wait for an ACK.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(self._read_timeout_s)  # generation may take minutes
-        connection = _Connection(sock)
+        connection = _Connection(sock)  # its timeout is set by each request
         self._local.connection = connection
         with self._lock:
             self._all.append(connection)

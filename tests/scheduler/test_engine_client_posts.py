@@ -39,6 +39,8 @@ class _Engine(BaseHTTPRequestHandler):
     trickle = False  # the answer in writes of 1 to 3 bytes, each sent at once (TCP_NODELAY)
     cut_stream = False
     ends_with_a_reason = False  # the last chunk has a finish reason, as a whole answer has
+    health_status = 200
+    metrics_status = 200
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -57,6 +59,19 @@ class _Engine(BaseHTTPRequestHandler):
         self._answer(200, payload)
         if _Engine.close_after_answer:
             self.close_connection = True  # as an idle keep-alive timeout does, unannounced
+
+    def do_GET(self) -> None:
+        _Engine.peers.append(self.client_address[1])
+        if self.path == "/health":
+            self._answer(_Engine.health_status, {})
+            return
+        text = b"# HELP vllm:num_requests_running x\nvllm:num_requests_running 3.0\n"
+        self.send_response(_Engine.metrics_status)
+        self.send_header("Content-Length", str(len(text)))
+        self.end_headers()
+        self.wfile.write(text)
+        if _Engine.close_after_answer:
+            self.close_connection = True
 
     def _answer(self, status: int, payload: dict[str, object]) -> None:
         data = json.dumps(payload).encode()
@@ -129,6 +144,7 @@ def engine() -> Iterator[str]:
     _Engine.served, _Engine.close_after_answer, _Engine.cut_stream = [], False, False
     _Engine.ends_with_a_reason, _Engine.peers = False, []
     _Engine.framing, _Engine.trickle = "length", False
+    _Engine.health_status = _Engine.metrics_status = 200
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -159,6 +175,42 @@ def test_a_connection_the_engine_closed_while_idle_is_replaced_without_a_second_
         for index in range(3):
             assert client.chat({"model": "m", "max_tokens": index})["echo"]["max_tokens"] == index
     assert [body["max_tokens"] for body in _Engine.served] == [0, 1, 2]  # each ran once
+
+
+def test_health_and_metrics_are_read_on_the_kept_alive_connection_of_the_posts(engine):
+    with EngineClient(engine) as client:
+        assert client.health()
+        assert "vllm:num_requests_running 3.0" in client.metrics_text()
+        client.chat({"model": "m", "max_tokens": 1})
+        assert client.health()
+    assert len(set(_Engine.peers)) == 1  # one connection carried all four
+
+
+def test_an_unhealthy_engine_is_said_so_and_failed_metrics_raise(engine):
+    _Engine.health_status, _Engine.metrics_status = 503, 500
+    with EngineClient(engine) as client:
+        assert client.health() is False
+        with pytest.raises(EngineUnavailable, match="500"):
+            client.metrics_text()
+    _Engine.health_status = 200
+    with EngineClient(engine) as client:
+        assert client.health()
+
+
+def test_periodic_gets_survive_the_engine_closing_idle_connections(engine):
+    _Engine.close_after_answer = True
+    with EngineClient(engine) as client:
+        for _ in range(3):
+            assert "num_requests_running" in client.metrics_text()
+    assert len(set(_Engine.peers)) == 3  # each on a new connection, none failed
+
+
+def test_health_of_an_engine_that_is_gone_is_false_not_an_error():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with EngineClient(f"http://127.0.0.1:{port}", timeout_s=1) as client:
+        assert client.health() is False
 
 
 def _chats(engine: str, count: int) -> list[object]:
