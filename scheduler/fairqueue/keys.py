@@ -41,14 +41,16 @@ Tenant, engine and job ids must not contain ``:``; a pool name may (it is never 
 segment of a key, so names stay unambiguous).
 """
 
+import re
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "gs:fq:"
+_SEPARATOR_OR_SPACE = re.compile(r"[:\s]")
 
 
 def check_id(kind: str, value: str) -> str:
     """Refuse ids that would make key names ambiguous or empty."""
-    if not value or ":" in value or any(ch.isspace() for ch in value):
+    if not value or _SEPARATOR_OR_SPACE.search(value):
         raise ValueError(f"{kind} id must be non-empty, without ':' or spaces: {value!r}")
     return value
 
