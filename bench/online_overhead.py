@@ -130,7 +130,7 @@ def main() -> None:
         direct: list[Round] = []
         through: list[Round] = []
         cpu = dict.fromkeys(pids, 0.0)
-        for _ in range(args.rounds):
+        for number in range(1, args.rounds + 1):
             direct.append(asyncio.run(send(direct_url, {}, body, args.requests, args.concurrency)))
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             spies = start_profilers(args.profile, pids) if args.profile else []
@@ -139,8 +139,10 @@ def main() -> None:
             for spy in spies:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(timeout=60)
-            for name, pid in pids.items():
-                cpu[name] += cpu_seconds(pid) - before[name]
+            used = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+            for name, seconds in used.items():
+                cpu[name] += seconds
+            print_round(number, direct[-1], through[-1], used)
         report(direct, through, cpu, args)
         wall = sum(r.wall_s for r in through)
         done = sum(len(r.latencies) for r in through)
@@ -150,6 +152,18 @@ def main() -> None:
             f"  of which periodic work (beat tasks, telemetry) at its idle rate: "
             f"{background:.1f} ms  (idle: {parts} ms CPU per second)"
         )
+
+
+def print_round(number: int, direct: Round, through: Round, used: dict[str, float]) -> None:
+    """One pair of rounds: the engine's own pace (how fast the machine is just now) beside
+    the platform's CPU per request in the round that followed it."""
+    done = max(1, len(through.latencies))
+    per_request = sum(used.values()) / done * 1000
+    print(
+        f"round {number}: direct {direct.throughput:5.1f} req/s, platform "
+        f"{through.throughput:5.1f} req/s, platform CPU {per_request:.1f} ms per request",
+        flush=True,
+    )
 
 
 def idle_cpu_per_s(pids: dict[str, int], seconds: float) -> dict[str, float]:
