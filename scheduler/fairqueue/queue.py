@@ -124,7 +124,7 @@ class FairQueue:
             name: client.register_script(script_source(name)) for name in SCRIPT_NAMES
         }
         # The script calls, loops' waits and events go over lean connections of their own
-        # where the client's kind of connection allows (config/raw_redis.py).
+        # where the client's kind of connection allows (raw_redis.py beside this file).
         self._raw = RawRedis.like(client)
 
     # --- policies (written by the platform from its database) ----------------------------

@@ -16,7 +16,8 @@ What keeps it as safe as redis-py:
   ConnectionError or TimeoutError: the command may or may not have run, and only the
   caller knows whether running it again is harmless.
 - Error replies are redis-py's own exception classes (NoScriptError, ResponseError, ...),
-  and a pipeline reads every reply before it raises, so the connection stays in step.
+  those inside a transaction's EXEC too, and a pipeline reads every reply before it raises,
+  so the connection stays in step.
 - TLS and unix sockets are left to redis-py (`RawRedis.like` returns None for them).
 """
 
@@ -110,8 +111,10 @@ class RawRedis:
             self._drop(connection)
             raise
         for reply in replies:
-            if isinstance(reply, hiredis.ReplyError):
-                raise BaseParser.parse_error(str(reply))
+            # EXEC answers a list that holds each queued command's error, as redis-py raises.
+            for part in reply if isinstance(reply, list) else (reply,):
+                if isinstance(part, hiredis.ReplyError):
+                    raise BaseParser.parse_error(str(part))
         return replies
 
     def _timeout(self, block_s: float) -> float | None:

@@ -11,7 +11,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from scheduler.fairqueue.domain import EnginePolicy, FairQueueConfig, TenantPolicy
+from scheduler.fairqueue.domain import DispatchLoop, EnginePolicy, FairQueueConfig, TenantPolicy
 from scheduler.fairqueue.queue import FairQueue
 from scheduler.fairqueue.raw_redis import RawRedis
 
@@ -66,6 +66,9 @@ def test_error_replies_are_redis_py_s_classes_and_the_connection_stays_in_step(
         raw.pipeline([("SET", "a", "1"), ("LPUSH", "text", "y"), ("SET", "b", "2")])
     # Every reply of the pipeline was read: the next call gets its own.
     assert raw.call("MGET", "a", "b") == ["1", "2"]
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):  # queued, failed in EXEC
+        raw.pipeline([("MULTI",), ("LPUSH", "text", "y"), ("EXEC",)])
+    assert raw.call("GET", "text") == "x"
 
 
 def test_each_thread_keeps_a_connection_of_its_own(raw: RawRedis) -> None:
@@ -137,5 +140,32 @@ def test_the_fair_queue_loads_its_scripts_again_after_redis_lost_them(
     picked = queue.pick("p")
     assert picked is not None
     assert picked.job_id == job.job_id
+    assert queue.release(job.job_id, 1, 1, attempt=picked.attempt)
+    assert queue.check().problems == []
+
+
+@pytest.mark.parametrize("lean", [True, False], ids=["RawRedis", "redis-py"])
+def test_the_fair_queue_runs_a_job_over_either_client(redis_db: redis.Redis, lean: bool) -> None:
+    """redis-py carries the queue where the lean client cannot (TLS, unix sockets)."""
+    queue = FairQueue(redis_db, FairQueueConfig(prefix="gs:raw:", loop_idle_s=4))
+    if not lean:
+        queue._raw = None
+    queue.set_engine_policy(
+        EnginePolicy(engine_id="e", pool="p", kv_budget_bytes=GIB, max_num_seqs=4)
+    )
+    queue.set_tenant_policy("t", TenantPolicy(weight=1, quota_bytes=GIB))
+    loop = DispatchLoop(token="loop-1")
+    assert queue.pick("p", loop=loop) is None  # registered idle
+    job, summon = queue.enqueue_summoning(
+        tenant="t", pool="p", request_class="standard", prompt_tokens=1, max_tokens=1,
+        kv_bytes=1024,
+    )  # fmt: skip
+    assert summon is False  # the idle loop was woken instead
+    assert queue.wait_for_work("p", loop, timeout_s=2) is True
+    picked = queue.pick("p", loop=loop)
+    assert picked is not None
+    assert picked.job_id == job.job_id
+    queue.publish(job.job_id, {"event": "chunk", "n": 1})
+    assert queue.events(job.job_id)[-1] == {"event": "chunk", "n": 1}
     assert queue.release(job.job_id, 1, 1, attempt=picked.attempt)
     assert queue.check().problems == []
