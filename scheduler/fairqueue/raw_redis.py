@@ -38,8 +38,9 @@ Arg = str | bytes | int | float
 
 
 class _Connection:
-    def __init__(self, sock: socket.socket, decode: bool) -> None:
+    def __init__(self, sock: socket.socket, decode: bool, timeout_s: float | None) -> None:
         self.sock = sock
+        self.timeout_s = timeout_s  # as set on the socket: set again only when it changes
         self.reader = hiredis.Reader(encoding="utf-8") if decode else hiredis.Reader()
         self.pid = os.getpid()
 
@@ -126,8 +127,11 @@ class RawRedis:
         # hiredis's stub types the argument as a tuple of one element; it takes any length.
         packed = (hiredis.pack_command(tuple(command)) for command in commands)  # type: ignore[arg-type]
         data = b"".join(packed)
+        timeout_s = self._timeout(block_s)
         try:
-            connection.sock.settimeout(self._timeout(block_s))
+            if connection.timeout_s != timeout_s:
+                connection.sock.settimeout(timeout_s)
+                connection.timeout_s = timeout_s
             connection.sock.sendall(data)
         except TimeoutError as exc:
             raise redis.TimeoutError("Timeout writing to Redis") from exc
@@ -177,7 +181,7 @@ class RawRedis:
                 f"Error connecting to Redis at {self.host}:{self.port}: {exc}"
             ) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        connection = _Connection(sock, self.decode_responses)
+        connection = _Connection(sock, self.decode_responses, self.connect_timeout_s)
         setup: list[tuple[Arg, ...]] = []
         if self.password:
             auth = (self.username,) if self.username else ()
@@ -186,7 +190,11 @@ class RawRedis:
             setup.append(("SELECT", self.db))
         if setup:
             self._local.connection = connection
-            self.pipeline(setup)  # drops the connection if Redis refuses
+            try:
+                self.pipeline(setup)
+            except BaseException:  # refused (a wrong password): never used unauthenticated
+                self._drop(connection)
+                raise
         return connection
 
     def close(self) -> None:

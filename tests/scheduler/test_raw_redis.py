@@ -71,6 +71,15 @@ def test_error_replies_are_redis_py_s_classes_and_the_connection_stays_in_step(
     assert raw.call("GET", "text") == "x"
 
 
+def test_a_connection_redis_refused_to_authenticate_is_not_used(redis_db: redis.Redis) -> None:
+    raw = RawRedis.like(redis_db)
+    assert raw is not None
+    raw.password = "wrong"  # this Redis has none: AUTH is refused
+    for _ in range(2):  # the second call connects again rather than use the refused one
+        with pytest.raises(redis.AuthenticationError):
+            raw.call("PING")
+
+
 def test_each_thread_keeps_a_connection_of_its_own(raw: RawRedis) -> None:
     mine = connection_id(raw)
     assert connection_id(raw) == mine
