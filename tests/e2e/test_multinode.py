@@ -194,8 +194,12 @@ def ledger_rows(platform: Platform, slugs: list[str]) -> list[dict[str, Any]]:
 
 
 def jobs_of(slug: str) -> tuple[int, int]:
-    """The tenant's jobs running and waiting, from the fair queue."""
-    queues = FairQueue(redis.Redis.from_url(CLUSTER_REDIS_URL)).snapshot().queues
+    """The tenant's jobs running and waiting, from the fair queue. The read may wait: two CPU
+    engines and two platforms on two cores stall everything for seconds at a time (a CI run
+    saw Redis answer a probe after redis-py's default 5 s), which the platform's own clients
+    allow for; a probe must not fail the test for it."""
+    client = redis.Redis.from_url(CLUSTER_REDIS_URL, socket_timeout=30)
+    queues = FairQueue(client).snapshot().queues
     rows = [row for row in queues if row.tenant == slug]
     return sum(row.running for row in rows), sum(row.waiting for row in rows)
 
