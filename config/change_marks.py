@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TypeVar
 
 import redis
 from django.db import transaction
@@ -25,6 +26,8 @@ from config.redis import redis_client
 log = logging.getLogger(__name__)
 
 PREFIX = "gs:changes:"
+
+_T = TypeVar("_T")
 
 
 class ChangeMark:
@@ -61,3 +64,17 @@ class ChangeMark:
         """The job has read the rows as they were at `count`. A change counted meanwhile
         moved the count past it, so the next `moved` asks for another pass."""
         self._client().set(self._seen_key, count, px=max(1, int(self.recheck_s * 1000)))
+
+    def run_if_moved(
+        self, job: Callable[[], _T], *, settled: Callable[[_T], bool] = lambda _: True
+    ) -> _T | None:
+        """`job()` when the count moved (or the recheck is due), else None. The pass counts
+        as acted on when `settled(result)`: a job that still has work (active batches) runs
+        again next time whatever the count says."""
+        count = self.moved()
+        if count is None:
+            return None
+        result = job()
+        if settled(result):
+            self.acted_on(count)
+        return result

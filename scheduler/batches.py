@@ -429,14 +429,8 @@ def batch_changes() -> ChangeMark:
 def batches_tick_if_changed() -> int | None:
     """`batches_tick` unless it found no active batch last time and no batch was saved since
     (a batch becomes active only when it is created); None when it did not look."""
-    mark = batch_changes()
-    count = mark.moved()
-    if count is None:
-        return None
-    looked_at = batches_tick()
-    if looked_at == 0:  # nothing to feed until a batch is saved
-        mark.acted_on(count)
-    return looked_at
+    # Nothing looked at: nothing to feed until a batch is saved.
+    return batch_changes().run_if_moved(batches_tick, settled=lambda looked_at: looked_at == 0)
 
 
 def batches_tick() -> int:

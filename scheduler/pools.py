@@ -128,13 +128,7 @@ def sync_engines_if_changed(queue: FairQueue | None = None) -> int | None:
     is due; None when nothing changed. The sync is a safety net: an engine that becomes ready
     or leaves is synced at once by whoever changes it, and a request that finds the queue
     without its engine syncs it (`enqueue_resyncing`)."""
-    mark = engine_changes()
-    count = mark.moved()
-    if count is None:
-        return None
-    ready = sync_all_engines(queue)
-    mark.acted_on(count)
-    return ready
+    return engine_changes().run_if_moved(lambda: sync_all_engines(queue))
 
 
 def sync_all_engines(queue: FairQueue | None = None) -> int:

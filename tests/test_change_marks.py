@@ -16,11 +16,7 @@ pytestmark = pytest.mark.django_db
 
 def acted(mark: ChangeMark) -> bool:
     """One pass of a job guarded by the mark: True when it acted."""
-    count = mark.moved()
-    if count is None:
-        return False
-    mark.acted_on(count)
-    return True
+    return mark.run_if_moved(lambda: True) is not None
 
 
 def test_a_job_acts_once_then_waits_for_a_change(redis_db: redis.Redis) -> None:
@@ -82,3 +78,10 @@ def test_marks_of_different_names_do_not_mix(
         engines.bump()
     assert not acted(batches)
     assert acted(engines)
+
+
+def test_a_pass_that_is_not_settled_runs_again_without_a_change(redis_db: redis.Redis) -> None:
+    mark = ChangeMark("things", recheck_s=30)
+    assert mark.run_if_moved(lambda: 2, settled=lambda left: left == 0) == 2
+    assert mark.run_if_moved(lambda: 0, settled=lambda left: left == 0) == 0
+    assert mark.run_if_moved(lambda: 0, settled=lambda left: left == 0) is None

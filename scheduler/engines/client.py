@@ -200,8 +200,8 @@ class _KeptAliveHttp:
     """Generation requests that are not streamed (and the periodic GETs of /health and
     /metrics), over a small HTTP/1.1 client of our own on a plain socket, one kept-alive
     connection per thread: the worker's largest share of the platform's CPU per request
-    (bench/online_overhead.py). http.client costs a third of httpx's
-    CPU per request, and this under half of http.client's (bench/engine_posts.py): the
+    (bench/online_overhead.py). http.client costs a third of httpx's CPU per request, and
+    this under half of http.client's (bench/engine_posts.py): the
     request goes out as one prebuilt buffer, and of the answer's headers only the three that
     say where the body ends and whether the connection stays open are looked at, where
     http.client parses them all with email.parser. Engines speak plain HTTP/1.1 (uvicorn)."""
