@@ -20,7 +20,7 @@ PLATFORM = REPO / "platform"
 SETTINGS = REPO / "config" / "settings.py"
 K8S = PLATFORM / "k8s"
 
-WEB = ["uvicorn", "config.asgi:application"]
+WEB = ["python", "-m", "config.serve", "config.asgi:application"]
 WORKER = ["celery", "-A", "config", "worker"]
 BEAT = ["celery", "-A", "config", "beat"]
 MIGRATE = ["python", "manage.py", "migrate"]

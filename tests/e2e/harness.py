@@ -121,7 +121,7 @@ class Platform:
         quiet = ["--without-gossip", "--without-mingle", "--without-heartbeat"]
         self._spawn("worker", [*celery, "worker", *worker, *quiet])
         self._spawn("beat", [*celery, "beat", "--loglevel", "INFO"])
-        uvicorn = [sys.executable, "-m", "uvicorn", "config.asgi:application"]
+        uvicorn = [sys.executable, "-m", "config.serve", "config.asgi:application"]
         address = ["--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
         self._spawn("web", [*uvicorn, *address])
         self.wait_http("/healthz", timeout=60)

@@ -127,7 +127,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
             manage_on(platform, node, "gpus", "discover")
         celery = [sys.executable, "-m", "celery", "-A", "config"]
         platform._spawn("beat", [*celery, "beat", "--loglevel", "INFO"])
-        uvicorn = [sys.executable, "-m", "uvicorn", "config.asgi:application"]
+        uvicorn = [sys.executable, "-m", "config.serve", "config.asgi:application"]
         address = ["--host", "127.0.0.1", "--port", str(platform.port), "--log-level", "warning"]
         # Each in-flight request holds one of the web's pooled database connections until it
         # ends (seen here: 32 long requests at once got 500 "couldn't get a connection" with
