@@ -12,19 +12,40 @@ the worker: the engine lookup of every running job, each time the entry ran out)
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 V = TypeVar("V")
 
+# The version of an entry whose version could not be read (or of a cache without one): it
+# equals no version, so the entry is computed again when it runs out.
+_UNKNOWN = object()
+
+
+class _Entry(NamedTuple, Generic[V]):
+    expires: float
+    value: V
+    version: object
+    computed_at: float
+
 
 class TtlCache(Generic[V]):
-    def __init__(self, ttl_s: float, max_entries: int = 10_000) -> None:
+    def __init__(
+        self,
+        ttl_s: float,
+        max_entries: int = 10_000,
+        *,
+        version: Callable[[], Hashable] | None = None,
+        max_age_s: float = math.inf,
+    ) -> None:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
-        self._entries: dict[Hashable, tuple[float, V]] = {}
+        self.max_age_s = max_age_s
+        self._version = version
+        self._entries: dict[Hashable, _Entry[V]] = {}
         self._refreshing: set[Hashable] = set()  # keys a thread is computing again
         self._lock = threading.Lock()
 
@@ -32,21 +53,37 @@ class TtlCache(Generic[V]):
         now = time.monotonic()
         with self._lock:
             hit = self._entries.get(key)
-            if hit is not None and hit[0] > now:
-                return hit[1]
+            if hit is not None and hit.expires > now:
+                return hit.value
             if hit is not None and key in self._refreshing:
-                return hit[1]  # another thread is refreshing it: the old value meanwhile
+                return hit.value  # another thread is refreshing it: the old value meanwhile
             self._refreshing.add(key)
         try:
-            value = compute()
+            version = self._current_version()  # before computing: a change meanwhile shows
+            if hit is not None and self._still_valid(hit, version, now):
+                value, computed_at = hit.value, hit.computed_at
+            else:
+                value, computed_at = compute(), now
         finally:
             with self._lock:
                 self._refreshing.discard(key)
         with self._lock:
             if len(self._entries) >= self.max_entries:
                 self._entries.clear()  # crude, but bounded; a full cache is rare and cheap
-            self._entries[key] = (now + self.ttl_s, value)
+            self._entries[key] = _Entry(now + self.ttl_s, value, version, computed_at)
         return value
+
+    def _still_valid(self, hit: _Entry[V], version: object, now: float) -> bool:
+        known = version is not _UNKNOWN
+        return known and version == hit.version and now < hit.computed_at + self.max_age_s
+
+    def _current_version(self) -> object:
+        if self._version is None:
+            return _UNKNOWN
+        try:
+            return self._version()
+        except Exception:  # Redis away: compute again, as without a version
+            return _UNKNOWN
 
     def clear(self) -> None:
         with self._lock:

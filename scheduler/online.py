@@ -37,7 +37,14 @@ from scheduler.inference import (
 )
 from scheduler.kvcost import kv_cost_bytes
 from scheduler.models import Engine
-from scheduler.pools import Route, enqueue_resyncing, fair_queue, route_for, sync_tenant
+from scheduler.pools import (
+    Route,
+    engine_changes,
+    enqueue_resyncing,
+    fair_queue,
+    route_for,
+    sync_tenant,
+)
 from tenants.auth import authenticate_bearer
 from tenants.limits import limits_admit
 from tenants.models import ApiKey
@@ -81,8 +88,14 @@ class RequestTooLarge(DomainError):
 
 
 # Where a tenant's requests for a model go, for a moment: an engine that stops being ready
-# is still refused picks by the queue itself at once; only routing lags.
-_routes: TtlCache[Route | None] = TtlCache(ttl_s=2.0)
+# is still refused picks by the queue itself at once; only routing lags, by up to 2 s. The
+# route is read again only after an engine's row was saved (the engines' change mark, one
+# Redis read per 2 s), or every GPUSHARE_CHANGE_RECHECK_S whatever happened.
+_routes: TtlCache[Route | None] = TtlCache(
+    ttl_s=2.0,
+    version=lambda: engine_changes().count(),
+    max_age_s=settings.GPUSHARE_CHANGE_RECHECK_S,
+)
 # Tenants whose policy this process wrote to the queue lately (a policy change reaches the
 # queue within this time; a queue that lost it is re-taught on the spot, see _enqueue).
 _synced_tenants: TtlCache[None] = TtlCache(ttl_s=5.0)

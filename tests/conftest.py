@@ -16,6 +16,18 @@ from tenants.services import IssuedKey, api_key_create
 from tests.factories import TenantFactory
 
 
+@pytest.fixture(autouse=True)
+def fresh_process_caches() -> None:
+    """Each test starts with the request path's per-process caches empty: an entry a test
+    left (a route to an engine whose row was rolled back) would otherwise outlive it."""
+    from scheduler import online
+    from tenants import services
+    from workers import dispatch
+
+    for cache in (online._routes, online._synced_tenants, services._live_keys, dispatch._engines):
+        cache.clear()
+
+
 @pytest.fixture
 def staff_user(db: None) -> User:
     return User.objects.create_user("operator", "op@example.com", "pw-operator", is_staff=True)

@@ -85,3 +85,14 @@ def test_a_pass_that_is_not_settled_runs_again_without_a_change(redis_db: redis.
     assert mark.run_if_moved(lambda: 2, settled=lambda left: left == 0) == 2
     assert mark.run_if_moved(lambda: 0, settled=lambda left: left == 0) == 0
     assert mark.run_if_moved(lambda: 0, settled=lambda left: left == 0) is None
+
+
+def test_the_count_moves_with_each_committed_save(
+    redis_db: redis.Redis, django_capture_on_commit_callbacks
+) -> None:
+    mark = ChangeMark("things", recheck_s=30)
+    assert mark.count() == "0"
+    with django_capture_on_commit_callbacks(execute=True):
+        mark.bump()
+        assert mark.count() == "0"  # not before the commit
+    assert mark.count() == "1"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -46,3 +47,73 @@ def test_a_refresh_that_fails_leaves_the_next_caller_to_try_again():
     with pytest.raises(RuntimeError):
         cache.get_or_compute("k", broken)
     assert cache.get_or_compute("k", lambda: "new") == "new"
+
+
+class Version:
+    """A version read that tests move by hand, counting how often it is read."""
+
+    def __init__(self) -> None:
+        self.value, self.reads, self.broken = 0, 0, False
+
+    def __call__(self) -> int:
+        self.reads += 1
+        if self.broken:
+            raise ConnectionError("Redis is away")
+        return self.value
+
+
+def counting(value: str, calls: list[str]) -> Callable[[], str]:
+    def compute() -> str:
+        calls.append(value)
+        return value
+
+    return compute
+
+
+def test_an_entry_that_ran_out_is_kept_while_its_version_is_unchanged():
+    version, calls = Version(), list[str]()
+    cache: TtlCache[str] = TtlCache(ttl_s=0.01, version=version)
+    assert cache.get_or_compute("k", counting("v1", calls)) == "v1"
+    for _ in range(3):
+        time.sleep(0.02)  # run out, again and again
+        assert cache.get_or_compute("k", counting("v2", calls)) == "v1"
+    assert calls == ["v1"]
+    assert version.reads == 4  # at the first computation, then once each time it ran out
+    assert cache.get_or_compute("k", counting("v2", calls)) == "v1"  # fresh: no read at all
+    assert version.reads == 4
+
+
+def test_a_moved_version_computes_the_entry_again_once_it_runs_out():
+    version, calls = Version(), list[str]()
+    cache: TtlCache[str] = TtlCache(ttl_s=0.01, version=version)
+    cache.get_or_compute("k", counting("v1", calls))
+    version.value += 1
+    assert cache.get_or_compute("k", counting("v2", calls)) == "v1"  # still fresh
+    time.sleep(0.02)
+    assert cache.get_or_compute("k", counting("v2", calls)) == "v2"
+    time.sleep(0.02)
+    assert cache.get_or_compute("k", counting("v3", calls)) == "v2"  # unchanged since
+    assert calls == ["v1", "v2"]
+
+
+def test_an_entry_is_computed_again_past_its_max_age_whatever_the_version():
+    version, calls = Version(), list[str]()
+    cache: TtlCache[str] = TtlCache(ttl_s=0.01, version=version, max_age_s=0.05)
+    cache.get_or_compute("k", counting("v1", calls))
+    time.sleep(0.02)
+    assert cache.get_or_compute("k", counting("v2", calls)) == "v1"
+    time.sleep(0.05)
+    assert cache.get_or_compute("k", counting("v2", calls)) == "v2"
+
+
+def test_a_version_that_cannot_be_read_counts_as_changed():
+    version, calls = Version(), list[str]()
+    cache: TtlCache[str] = TtlCache(ttl_s=0.01, version=version)
+    cache.get_or_compute("k", counting("v1", calls))
+    version.broken = True
+    time.sleep(0.02)
+    assert cache.get_or_compute("k", counting("v2", calls)) == "v2"
+    version.broken = False
+    time.sleep(0.02)  # the entry computed without a version is computed again
+    assert cache.get_or_compute("k", counting("v3", calls)) == "v3"
+    assert calls == ["v1", "v2", "v3"]
