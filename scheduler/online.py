@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import uuid
 import weakref
@@ -362,8 +363,9 @@ async def follow(
 ) -> AsyncIterator[dict[str, Any]]:
     """The job's events for its current run, in order, until a final one. A run that was
     requeued yields a ``requeued`` event; its leftovers are skipped after that. Ends with
-    CancelledError once `client_gone` is set (within a second: the wait's timeout), so the
-    caller's clean-up cancels the job even if the task's own cancellation was lost."""
+    CancelledError once `client_gone` is set (at the latest when the wait under way ends, see
+    `_wait_s`), so the caller's clean-up cancels the job even if the task's own cancellation
+    was lost."""
     queue = fair_queue()
     key = queue.keys.events(admitted.job.job_id)
     generate_s = float(settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S)
@@ -372,7 +374,7 @@ async def follow(
     pops = _loop_state()[1]  # BLPOP holds one of its connections while it waits
     while True:
         try:
-            answer = await pops.blpop(key, 1)
+            answer = await pops.blpop(key, _wait_s(admitted, attempt, time.time()))
         except redis.TimeoutError:
             # The reply is late past its margin: the machine stalled (a CPU engine starting
             # can freeze two cores for seconds). Not news, and not a reason to fail the
@@ -400,10 +402,26 @@ async def follow(
             return
 
 
+# The longest one wait for a job's events lasts. Each wait that ends without news costs the
+# web and Redis a round trip: with waits of a second, a request that waited or ran for a few
+# seconds asked that many times for nothing (about one extra round trip per request at the
+# online benchmark's pace). A queued job's wait ends just past its queue deadline instead,
+# so a timeout is still noticed here on time.
+EVENTS_WAIT_S = 5
+
+
+def _wait_s(admitted: Admitted, attempt: int | None, now: float) -> int:
+    """How long the next wait for events may last (whole seconds, as BLPOP takes them)."""
+    if attempt is not None:  # running: the engine's answer ends it
+        return EVENTS_WAIT_S
+    until_deadline = admitted.job.deadline + 1.0 - now
+    return max(1, min(EVENTS_WAIT_S, math.ceil(until_deadline)))
+
+
 def _check_still_coming(
     admitted: Admitted, attempt: int | None, silent_s: float, generate_s: float
 ) -> None:
-    """Called each second without news: a queued job past its deadline is timed out here
+    """Called after each wait without news: a queued job past its deadline is timed out here
     (without waiting for housekeeping); a running job silent too long is given up."""
     job_id = admitted.job.job_id
     now = time.time()

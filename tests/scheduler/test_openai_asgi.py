@@ -5,6 +5,7 @@ path still goes to Django."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 
@@ -189,3 +190,46 @@ def test_an_event_that_arrives_while_the_web_is_stalled_past_5_s_is_not_lost(red
         assert asyncio.run(asyncio.wait_for(relay(), timeout=12)) == ["picked", "done"]
     finally:
         answer.cancel()
+
+
+@pytest.mark.parametrize(
+    ("attempt", "deadline_in_s", "wait_s"),
+    [
+        (1, -10.0, online.EVENTS_WAIT_S),  # running: only the answer ends the wait
+        (None, 60.0, online.EVENTS_WAIT_S),  # queued, its deadline far off
+        (None, 2.3, 4),  # queued: the wait ends just past its deadline (3.3 s, whole seconds)
+        (None, -30.0, 1),  # past it: the shortest wait BLPOP has
+    ],
+)
+def test_a_wait_for_events_lasts_a_few_seconds_or_until_just_past_the_queue_deadline(
+    attempt, deadline_in_s, wait_s
+):
+    now = 1000.0
+    admitted = waiting_request("j4")
+    admitted = replace(admitted, job=replace(admitted.job, deadline=now + deadline_in_s))
+    assert online._wait_s(admitted, attempt, now) == wait_s
+
+
+def test_a_queued_waiter_is_timed_out_at_its_deadline_not_at_the_end_of_a_long_wait(redis_db):
+    """Nothing comes (no housekeeping here to expire the job): the waiter itself times the job
+    out once its deadline has passed, within a wait or so, not after EVENTS_WAIT_S."""
+    import time
+
+    from scheduler.fairqueue.domain import EnginePolicy, TenantPolicy
+    from scheduler.pools import fair_queue
+
+    queue = fair_queue()
+    queue.set_tenant_policy("t", TenantPolicy(weight=1, quota_bytes=1 << 30))
+    queue.set_engine_policy(EnginePolicy("e", "p", kv_budget_bytes=1 << 30, max_num_seqs=1))
+    job = queue.enqueue(tenant="t", pool="p", request_class="interactive", prompt_tokens=1,
+                        max_tokens=1, kv_bytes=1, job_id="j5")  # fmt: skip
+    deadline = time.time() + 0.5  # sooner than the queue's own timeout: no expiry races it
+    admitted = replace(waiting_request("j5"), job=replace(job, deadline=deadline))
+
+    async def relay() -> list[str]:
+        return [event["event"] async for event in online.follow(admitted)]
+
+    with pytest.raises(online.QueueTimeout):
+        asyncio.run(relay())
+    assert time.time() - deadline < 3.0
+    assert queue.get_job("j5").state == "cancelled"
