@@ -232,4 +232,5 @@ def test_a_queued_waiter_is_timed_out_at_its_deadline_not_at_the_end_of_a_long_w
     with pytest.raises(online.QueueTimeout):
         asyncio.run(relay())
     assert time.time() - deadline < 3.0
-    assert queue.get_job("j5").state == "cancelled"
+    cancelled = queue.get_job("j5")
+    assert cancelled is not None and cancelled.state == "cancelled"
