@@ -233,4 +233,5 @@ def test_a_queued_waiter_is_timed_out_at_its_deadline_not_at_the_end_of_a_long_w
         asyncio.run(relay())
     assert time.time() - deadline < 3.0
     cancelled = queue.get_job("j5")
-    assert cancelled is not None and cancelled.state == "cancelled"
+    assert cancelled is not None
+    assert cancelled.state == "cancelled"
