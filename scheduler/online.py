@@ -403,10 +403,10 @@ async def follow(
 
 
 # The longest one wait for a job's events lasts. Each wait that ends without news costs the
-# web and Redis a round trip: with waits of a second, a request that waited or ran for a few
-# seconds asked that many times for nothing (about one extra round trip per request at the
-# online benchmark's pace). A queued job's wait ends just past its queue deadline instead,
-# so a timeout is still noticed here on time.
+# web and Redis a round trip: with waits of a second, every request waiting in the queue
+# asked once a second for nothing (2,000 waiting requests: 2,000 empty round trips a
+# second; at the online benchmark's pace, about 0.2 per request). A queued job's wait ends
+# just past its queue deadline instead, so a timeout is still noticed here on time.
 EVENTS_WAIT_S = 5
 
 
