@@ -3,11 +3,10 @@ a second instead of ten times.
 
 The same command line as `uvicorn` (every option is uvicorn's own), served by `CalmServer`.
 uvicorn's server wakes every 100 ms to see whether it should stop and, every tenth wake, to
-write the `date` header it sends; an idle web process spent 2.5 ms of CPU per second on those
-wakes alone (measured on the 2-core test machine: 0.5 ms per second with one wake a second),
-more than its periodic share of a request's cost at the online benchmark's pace. Once a second
-keeps the `date` header exact to the second, as before; a signal to stop now takes up to a
-second to be noticed.
+write the `date` header it sends; on those wakes alone an idle web process spent 2.3 ms of CPU
+per second, 0.2 with one wake a second (the platform's web, idle, back to back on the 2-core
+test machine; docs/BENCHMARKS.md). Once a second keeps the `date` header exact to the second,
+as before; a signal to stop now takes up to a second to be noticed.
 """
 
 from __future__ import annotations
