@@ -368,13 +368,13 @@ async def follow(
     was lost."""
     queue = fair_queue()
     key = queue.keys.events(admitted.job.job_id)
-    generate_s = float(settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S)
     attempt: int | None = None
+    deadline = admitted.job.deadline  # a requeue gives the job a fresh one
     last_event = time.time()
     pops = _loop_state()[1]  # BLPOP holds one of its connections while it waits
     while True:
         try:
-            answer = await pops.blpop(key, _wait_s(admitted, attempt, time.time()))
+            answer = await pops.blpop(key, _wait_s(deadline, attempt, time.time()))
         except redis.TimeoutError:
             # The reply is late past its margin: the machine stalled (a CPU engine starting
             # can freeze two cores for seconds). Not news, and not a reason to fail the
@@ -384,7 +384,7 @@ async def follow(
             raise asyncio.CancelledError
         now = time.time()
         if answer is None:
-            _check_still_coming(admitted, attempt, now - last_event, generate_s)
+            deadline = _check_still_coming(admitted, attempt, deadline, now - last_event)
             continue
         last_event = now
         event: dict[str, Any] = json.loads(answer[1])
@@ -410,29 +410,36 @@ async def follow(
 EVENTS_WAIT_S = 5
 
 
-def _wait_s(admitted: Admitted, attempt: int | None, now: float) -> int:
-    """How long the next wait for events may last (whole seconds, as BLPOP takes them)."""
+def _wait_s(deadline: float, attempt: int | None, now: float) -> int:
+    """How long the next wait for events may last (whole seconds, as BLPOP takes them), for
+    a job queued until `deadline` or running (`attempt`)."""
     if attempt is not None:  # running: the engine's answer ends it
         return EVENTS_WAIT_S
-    until_deadline = admitted.job.deadline + 1.0 - now
+    until_deadline = deadline + 1.0 - now
     return max(1, min(EVENTS_WAIT_S, math.ceil(until_deadline)))
 
 
 def _check_still_coming(
-    admitted: Admitted, attempt: int | None, silent_s: float, generate_s: float
-) -> None:
+    admitted: Admitted, attempt: int | None, deadline: float, silent_s: float
+) -> float:
     """Called after each wait without news: a queued job past its deadline is timed out here
-    (without waiting for housekeeping); a running job silent too long is given up."""
+    (without waiting for housekeeping); a running job silent too long is given up. Returns the
+    queue deadline the job is held to: a job requeued after its engine failed was given a
+    fresh one (the wait that was over was not its fault), which its record in the queue has."""
     job_id = admitted.job.job_id
     now = time.time()
-    if attempt is None and now > admitted.job.deadline + 1.0:
+    if attempt is None and now > deadline + 1.0:
         job = fair_queue().get_job(job_id)
         if job is not None and job.state == JobState.QUEUED:
+            if now <= job.deadline + 1.0:
+                return job.deadline
             fair_queue().cancel(job_id, reason="queue_timeout")
             raise _queue_timeout(admitted)
+    generate_s = float(settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S)
     if attempt is not None and silent_s > generate_s:
         fair_queue().cancel(job_id, reason="engine_silent")
         raise Unavailable("The engine stopped answering this request; please retry.")
+    return deadline
 
 
 def _queue_timeout(admitted: Admitted) -> QueueTimeout:

@@ -205,9 +205,7 @@ def test_a_wait_for_events_lasts_a_few_seconds_or_until_just_past_the_queue_dead
     attempt, deadline_in_s, wait_s
 ):
     now = 1000.0
-    admitted = waiting_request("j4")
-    admitted = replace(admitted, job=replace(admitted.job, deadline=now + deadline_in_s))
-    assert online._wait_s(admitted, attempt, now) == wait_s
+    assert online._wait_s(now + deadline_in_s, attempt, now) == wait_s
 
 
 def test_a_queued_waiter_is_timed_out_at_its_deadline_not_at_the_end_of_a_long_wait(redis_db):
@@ -235,3 +233,35 @@ def test_a_queued_waiter_is_timed_out_at_its_deadline_not_at_the_end_of_a_long_w
     cancelled = queue.get_job("j5")
     assert cancelled is not None
     assert cancelled.state == "cancelled"
+
+
+def test_a_requeued_job_is_held_to_its_fresh_deadline_not_to_the_first_one(redis_db):
+    """A job requeued after its engine failed gets a fresh queue deadline in the queue; its
+    waiter, whose copy of the job has the first one (long past), must not time it out."""
+    import threading
+    import time
+
+    from scheduler.fairqueue.domain import EnginePolicy, TenantPolicy
+    from scheduler.pools import fair_queue
+
+    queue = fair_queue()
+    queue.set_tenant_policy("t", TenantPolicy(weight=1, quota_bytes=1 << 30))
+    queue.set_engine_policy(EnginePolicy("e", "p", kv_budget_bytes=1 << 30, max_num_seqs=1))
+    job = queue.enqueue(tenant="t", pool="p", request_class="interactive", prompt_tokens=1,
+                        max_tokens=1, kv_bytes=1, job_id="j6")  # fmt: skip
+    assert job.deadline > time.time() + 10  # the queue's deadline: far off
+    admitted = replace(waiting_request("j6"), job=replace(job, deadline=time.time() - 60))
+    answer = [("j6", {"event": "picked", "attempt": 1}), ("j6", {"event": "done", "attempt": 1})]
+    later = threading.Timer(2.5, lambda: [queue.publish(*event) for event in answer])
+
+    async def relay() -> list[str]:
+        later.start()
+        return [event["event"] async for event in online.follow(admitted)]
+
+    try:
+        assert asyncio.run(asyncio.wait_for(relay(), timeout=10)) == ["picked", "done"]
+    finally:
+        later.cancel()
+    still = queue.get_job("j6")
+    assert still is not None
+    assert still.state == "queued"  # not cancelled by the waiter
