@@ -221,7 +221,10 @@ def test_a_queued_waiter_is_timed_out_at_its_deadline_not_at_the_end_of_a_long_w
     queue.set_engine_policy(EnginePolicy("e", "p", kv_budget_bytes=1 << 30, max_num_seqs=1))
     job = queue.enqueue(tenant="t", pool="p", request_class="interactive", prompt_tokens=1,
                         max_tokens=1, kv_bytes=1, job_id="j5")  # fmt: skip
-    deadline = time.time() + 0.5  # sooner than the queue's own timeout: no expiry races it
+    # Its queue deadline half a second away, in the queue as in the waiter's copy (no
+    # housekeeping runs here to expire it).
+    deadline = time.time() + 0.5
+    redis_db.hset(queue.keys.job("j5"), "deadline", repr(deadline))
     admitted = replace(waiting_request("j5"), job=replace(job, deadline=deadline))
 
     async def relay() -> list[str]:
@@ -251,8 +254,12 @@ def test_a_requeued_job_is_held_to_its_fresh_deadline_not_to_the_first_one(redis
                         max_tokens=1, kv_bytes=1, job_id="j6")  # fmt: skip
     assert job.deadline > time.time() + 10  # the queue's deadline: far off
     admitted = replace(waiting_request("j6"), job=replace(job, deadline=time.time() - 60))
-    answer = [("j6", {"event": "picked", "attempt": 1}), ("j6", {"event": "done", "attempt": 1})]
-    later = threading.Timer(2.5, lambda: [queue.publish(*event) for event in answer])
+
+    def answer() -> None:
+        queue.publish("j6", {"event": "picked", "attempt": 1})
+        queue.publish("j6", {"event": "done", "attempt": 1})
+
+    later = threading.Timer(2.5, answer)
 
     async def relay() -> list[str]:
         later.start()
