@@ -40,7 +40,7 @@ from scheduler.kvcost import kv_cost_bytes
 from scheduler.models import Engine
 from scheduler.pools import (
     Route,
-    engine_changes,
+    engine_rows_cache,
     enqueue_resyncing,
     fair_queue,
     route_for,
@@ -92,11 +92,7 @@ class RequestTooLarge(DomainError):
 # is still refused picks by the queue itself at once; only routing lags, by up to 2 s. The
 # route is read again only after an engine's row was saved (the engines' change mark, one
 # Redis read per 2 s), or every GPUSHARE_CHANGE_RECHECK_S whatever happened.
-_routes: TtlCache[Route | None] = TtlCache(
-    ttl_s=2.0,
-    version=lambda: engine_changes().count(),
-    max_age_s=settings.GPUSHARE_CHANGE_RECHECK_S,
-)
+_routes: TtlCache[Route | None] = engine_rows_cache(ttl_s=2.0)
 # Tenants whose policy this process wrote to the queue lately (a policy change reaches the
 # queue within this time; a queue that lost it is re-taught on the spot, see _enqueue).
 _synced_tenants: TtlCache[None] = TtlCache(ttl_s=5.0)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
+from config import ttlcache
 from config.ttlcache import TtlCache
 
 
@@ -62,6 +63,24 @@ class Version:
         return self.value
 
 
+class Clock:
+    """The cache's monotonic clock, moved by hand: a stalled test machine cannot make an
+    entry run out early."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(ttlcache, "time", fake)
+    return fake
+
+
 def counting(value: str, calls: list[str]) -> Callable[[], str]:
     def compute() -> str:
         calls.append(value)
@@ -70,50 +89,52 @@ def counting(value: str, calls: list[str]) -> Callable[[], str]:
     return compute
 
 
-def test_an_entry_that_ran_out_is_kept_while_its_version_is_unchanged():
+def test_an_entry_that_ran_out_is_kept_while_its_version_is_unchanged(clock: Clock):
     version, calls = Version(), list[str]()
-    cache: TtlCache[str] = TtlCache(ttl_s=0.01, version=version)
+    cache: TtlCache[str] = TtlCache(ttl_s=2, version=version)
     assert cache.get_or_compute("k", counting("v1", calls)) == "v1"
     for _ in range(3):
-        time.sleep(0.02)  # run out, again and again
+        clock.now += 3  # run out, again and again
         assert cache.get_or_compute("k", counting("v2", calls)) == "v1"
     assert calls == ["v1"]
     assert version.reads == 4  # at the first computation, then once each time it ran out
+    clock.now += 1
     assert cache.get_or_compute("k", counting("v2", calls)) == "v1"  # fresh: no read at all
     assert version.reads == 4
 
 
-def test_a_moved_version_computes_the_entry_again_once_it_runs_out():
+def test_a_moved_version_computes_the_entry_again_once_it_runs_out(clock: Clock):
     version, calls = Version(), list[str]()
-    cache: TtlCache[str] = TtlCache(ttl_s=0.01, version=version)
+    cache: TtlCache[str] = TtlCache(ttl_s=2, version=version)
     cache.get_or_compute("k", counting("v1", calls))
     version.value += 1
+    clock.now += 1
     assert cache.get_or_compute("k", counting("v2", calls)) == "v1"  # still fresh
-    time.sleep(0.02)
+    clock.now += 2
     assert cache.get_or_compute("k", counting("v2", calls)) == "v2"
-    time.sleep(0.02)
+    clock.now += 3
     assert cache.get_or_compute("k", counting("v3", calls)) == "v2"  # unchanged since
     assert calls == ["v1", "v2"]
 
 
-def test_an_entry_is_computed_again_past_its_max_age_whatever_the_version():
+def test_an_entry_is_computed_again_past_its_max_age_whatever_the_version(clock: Clock):
     version, calls = Version(), list[str]()
-    cache: TtlCache[str] = TtlCache(ttl_s=0.01, version=version, max_age_s=0.05)
+    cache: TtlCache[str] = TtlCache(ttl_s=2, version=version, max_age_s=10)
     cache.get_or_compute("k", counting("v1", calls))
-    time.sleep(0.02)
+    clock.now += 3
     assert cache.get_or_compute("k", counting("v2", calls)) == "v1"
-    time.sleep(0.05)
+    clock.now += 8  # 11 s after it was computed
     assert cache.get_or_compute("k", counting("v2", calls)) == "v2"
 
 
-def test_a_version_that_cannot_be_read_counts_as_changed():
+def test_a_version_that_cannot_be_read_counts_as_changed(clock: Clock):
     version, calls = Version(), list[str]()
-    cache: TtlCache[str] = TtlCache(ttl_s=0.01, version=version)
+    cache: TtlCache[str] = TtlCache(ttl_s=2, version=version)
     cache.get_or_compute("k", counting("v1", calls))
     version.broken = True
-    time.sleep(0.02)
+    clock.now += 3
     assert cache.get_or_compute("k", counting("v2", calls)) == "v2"
     version.broken = False
-    time.sleep(0.02)  # the entry computed without a version is computed again
+    clock.now += 3  # the entry computed without a version is computed again
     assert cache.get_or_compute("k", counting("v3", calls)) == "v3"
     assert calls == ["v1", "v2", "v3"]
