@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import httpx
 import redis
 from django.conf import settings
+from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connection
 
 from config.blocking_pops import BlockingPops
@@ -47,7 +48,7 @@ from scheduler.pools import (
     sync_tenant,
 )
 from tenants.auth import authenticate_bearer
-from tenants.limits import limits_admit
+from tenants.limits import Admission, limits_admit
 from tenants.models import ApiKey
 from tenants.usage_buffer import usage_push
 
@@ -242,7 +243,26 @@ def bounded_max_tokens(request: InferenceRequest, prompt_tokens: int, max_model_
     return request.max_tokens if request.max_tokens is not None else room
 
 
-def _enqueue(prepared: _Prepared, prompt_tokens: int, received_at: float) -> Admitted:
+class _FinishInThread(Exception):
+    """Raised by `_enqueue` on the event loop when the rest of it must ask the database (the
+    queue lost the tenant or the engine and must be told again), after the request was
+    counted against the tenant's limits: the thread that finishes it must not count it again."""
+
+    def __init__(self, admission: Admission) -> None:
+        super().__init__("the enqueue must finish in a thread")
+        self.admission = admission
+
+
+def _enqueue(
+    prepared: _Prepared,
+    prompt_tokens: int,
+    received_at: float,
+    admission: Admission | None = None,
+) -> Admitted:
+    """Counts the request against its tenant's limits (unless `admission` says it was
+    already) and puts it in the fair queue. Until the limits are counted, whatever asks the
+    database on the event loop raises SynchronousOnlyOperation with nothing done; after, it
+    raises `_FinishInThread` (see `admit`)."""
     from workers.tasks import dispatch  # workers import this app, not the other way round
 
     api_key, request, route = prepared.api_key, prepared.request, prepared.route
@@ -250,9 +270,11 @@ def _enqueue(prepared: _Prepared, prompt_tokens: int, received_at: float) -> Adm
     max_tokens = bounded_max_tokens(request, prompt_tokens, engine.max_model_len)
     body = {**request.body, "max_tokens": max_tokens}
     body.pop("max_completion_tokens", None)
-    admission = limits_admit(tenant=api_key.tenant, estimated_tokens=prompt_tokens + max_tokens)
     queue = fair_queue()
+    # Before the limits count the request: a policy not yet cached is read from the database.
     _synced_tenants.get_or_compute(api_key.tenant_id, lambda: sync_tenant(api_key.tenant, queue))
+    if admission is None:
+        admission = limits_admit(tenant=api_key.tenant, estimated_tokens=prompt_tokens + max_tokens)
     job_id = uuid.uuid4().hex
     payload = {
         "endpoint": request.endpoint,
@@ -290,6 +312,8 @@ def _enqueue(prepared: _Prepared, prompt_tokens: int, received_at: float) -> Adm
         )
     except JobRejected as exc:
         raise _rejection(exc) from None
+    except SynchronousOnlyOperation:
+        raise _FinishInThread(admission) from None
     if summon:  # no dispatch loop was waiting for work: start one
         dispatch.delay(route.pool)
     return Admitted(job, request, api_key.tenant_id, api_key.pk, received_at)
@@ -311,30 +335,31 @@ def _rejection(exc: JobRejected) -> DomainError:
 
 
 async def admit(*, authorization: str, request: InferenceRequest, class_header: str) -> Admitted:
-    """Admission in one trip to a thread, or two when the engine must count the prompt
-    (each trip hands the GIL between threads twice: a measurable share of the web's CPU)."""
+    """Admission on the event loop, when it needs nothing from the database (the key, the
+    route and the tenant's policy are cached: nearly every request). The step that must ask
+    the database runs in a thread instead: Django refuses a query on the loop with
+    SynchronousOnlyOperation before anything is done, which is the signal. The hop to a
+    thread and back (GIL hand-offs, a wake-up of the loop) was a sixth of the web's CPU per
+    request (docs/BENCHMARKS.md, 2026-12-02). The queue's and the limits' Redis calls do run
+    on the loop: one round trip each, as the waits that follow are."""
     received_at = time.time()
-    step = await _in_thread(_prepare_and_enqueue, authorization, request, class_header, received_at)
-    if isinstance(step, Admitted):
-        return step
-    prompt_tokens = await count_prompt_tokens(request, step.route.engine)
-    return await _in_thread(_enqueue, step, prompt_tokens, received_at)
-
-
-def _prepare_and_enqueue(
-    authorization: str, request: InferenceRequest, class_header: str, received_at: float
-) -> Admitted | _Prepared:
-    """Admits the request when its prompt needs no counting by the engine; else returns
-    what was prepared, for `count_prompt_tokens` and then `_enqueue`."""
-    prepared = _prepare(authorization, request, class_header)
+    try:
+        prepared = _prepare(authorization, request, class_header)
+    except SynchronousOnlyOperation:  # a key, a route or a key's last use to read or write
+        prepared = await _in_thread(_prepare, authorization, request, class_header)
     prompt_tokens = known_prompt_tokens(request, prepared.route.engine)
     if prompt_tokens is None:
-        return prepared
-    return _enqueue(prepared, prompt_tokens, received_at)
+        prompt_tokens = await count_prompt_tokens(request, prepared.route.engine)
+    try:
+        return _enqueue(prepared, prompt_tokens, received_at)
+    except SynchronousOnlyOperation:  # nothing counted yet
+        return await _in_thread(_enqueue, prepared, prompt_tokens, received_at)
+    except _FinishInThread as rest:  # counted: the thread does not count it again
+        return await _in_thread(_enqueue, prepared, prompt_tokens, received_at, rest.admission)
 
 
 async def _in_thread(work: Callable[..., _T], *args: Any) -> _T:
-    """Database and queue work of admission, in a thread of the loop's pool (concurrent
+    """Admission's work that asks the database, in a thread of the loop's pool (concurrent
     requests are admitted side by side). The thread hands its database connection back to
     the pool when done: the request may now wait and stream for minutes without it, and
     holding one per waiting request would exhaust the pool under load. (The loop's own
