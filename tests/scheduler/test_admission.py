@@ -69,7 +69,8 @@ def admit(bearer: str) -> online.Admitted:
 
 def queued_ids() -> list[str]:
     queue = fair_queue()
-    return queue.redis.lrange(queue.keys.queue(MODEL, "standard", "acme"), 0, -1)
+    ids = queue.redis.lrange(queue.keys.queue(MODEL, "standard", "acme"), 0, -1)
+    return [i.decode() if isinstance(i, bytes) else i for i in ids]
 
 
 def test_the_first_request_reads_the_database_in_a_thread_the_next_stay_on_the_loop(bearer, hops):
