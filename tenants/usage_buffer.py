@@ -122,6 +122,9 @@ def usage_flush(*, max_batches: int = 20) -> int:
     """Moves pending rows to the ledger; returns how many. One flusher at a time (a lock), so
     the trim after an insert removes exactly what was inserted."""
     client = redis_client()
+    # Nothing pending (an idle platform, every second): one round trip, not the lock's three.
+    if not client.exists(PENDING_KEY):
+        return 0
     if not client.set(FLUSH_LOCK_KEY, "1", nx=True, ex=60):
         return 0
     written = 0

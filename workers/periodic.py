@@ -96,6 +96,7 @@ class Ticker:
         self._thread: threading.Thread | None = None
         self._runners = ThreadPoolExecutor(max_workers=8, thread_name_prefix="periodic-job")
         self._running: set[str] = set()
+        self._next_ask: dict[str, float] = {}  # job name -> when to claim it next (monotonic)
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -117,12 +118,24 @@ class Ticker:
             except Exception:  # Redis away: the next tick tries again
                 log.warning("periodic tick failed", exc_info=True)
 
-    def _tick(self) -> None:
+    def _tick(self, now: float | None = None) -> None:
+        """Claims the jobs whose interval came round here since this ticker last asked for
+        them (not every job at every tick: most would be refused, each a SET for nothing);
+        a job another ticker claimed meanwhile is asked for again an interval later."""
+        now = time.monotonic() if now is None else now
         with self._lock:
-            idle = [job for job in self._jobs() if job.name not in self._running]
-        due = set(claim_due(self._client(), idle, self.tick_s))
-        for job in idle:
-            if job.name in due:
+            asking = [
+                job
+                for job in self._jobs()
+                if job.name not in self._running and now >= self._next_ask.get(job.name, now)
+            ]
+        if not asking:
+            return
+        claimed = set(claim_due(self._client(), asking, self.tick_s))
+        for job in asking:
+            # Half a tick early, as the claims expire: the tick an interval on still asks.
+            self._next_ask[job.name] = now + job.every_s - self.tick_s / 2
+            if job.name in claimed:
                 with self._lock:
                     self._running.add(job.name)
                 self._runners.submit(self._run_job, job)

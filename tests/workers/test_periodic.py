@@ -122,3 +122,27 @@ def test_the_ticker_comes_at_the_shortest_interval_and_carries_every_job():
     # What the ticker runs is not sent by beat as well (that would double its work).
     carried = {f"workers.{name}" for name in intervals}
     assert not carried & {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+
+
+def test_a_job_is_claimed_only_when_its_own_interval_came_round_here(
+    redis_db: redis.Redis, monkeypatch
+):
+    """Not every job at every tick: a job of 5 s is asked for once in five ticks of 1 s."""
+    from workers import periodic
+
+    asked: list[list[str]] = []
+
+    def claim_recorded(client: redis.Redis, jobs: list[PeriodicJob], tick_s: float) -> list[str]:
+        asked.append([job.name for job in jobs])
+        return claim_due(client, jobs, tick_s)
+
+    monkeypatch.setattr(periodic, "claim_due", claim_recorded)
+    runs: list[str] = []
+    jobs = [recording("often", 1.0, runs), recording("seldom", 5.0, runs)]
+    ticker = Ticker(lambda: jobs, 1.0, client=lambda: redis_db)
+    for second in range(6):
+        ticker._tick(now=1000.0 + second)
+        redis_db.delete("gpushare:tick:often")  # its claim would have expired by the next tick
+    assert asked == [["often", "seldom"], ["often"], ["often"], ["often"], ["often"],
+                     ["often", "seldom"]]  # fmt: skip
+    ticker.stop()
