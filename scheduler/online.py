@@ -4,7 +4,8 @@
     -> bound max_tokens by the model's length -> KV cost -> rate limits -> enqueue -> wait
 
 The waiting side is asynchronous (no thread is held while a request waits in the queue or
-streams); the database and queue work before that runs in a thread pool.
+streams). Admission runs on the event loop too, except a step that must ask the database
+(nothing cached): that one runs in a thread pool (see `admit`).
 """
 
 from __future__ import annotations
