@@ -58,28 +58,17 @@ def _columns() -> tuple[Field[Any, Any], ...]:
     return tuple(f for f in UsageRecord._meta.concrete_fields if not f.primary_key)
 
 
-@cache
-def _defaults() -> tuple[tuple[str, Any], ...]:
-    """Each column's attribute name and its default (all constants), in `_columns`' order:
-    asking each field for its default, for every row, was most of a flush's CPU."""
-    return tuple((f.attname, f.get_default()) for f in _columns())
-
-
-@cache
-def _attnames() -> frozenset[str]:
-    return frozenset(name for name, _ in _defaults())
-
-
 def _values(fields: dict[str, Any]) -> list[Any]:
     """One pushed row as the INSERT's values; ValueError/TypeError/KeyError if malformed."""
-    if not _attnames().issuperset(fields):
-        raise TypeError(f"unknown fields {sorted(set(fields) - _attnames())}")
+    unknown = set(fields) - {f.attname for f in _columns()}
+    if unknown:
+        raise TypeError(f"unknown fields {sorted(unknown)}")
     finished_at = connection.ops.adapt_datetimefield_value(
         datetime.fromisoformat(fields["finished_at"])
     )
     return [
-        finished_at if name == "finished_at" else fields.get(name, default)
-        for name, default in _defaults()
+        finished_at if f.attname == "finished_at" else fields.get(f.attname, f.get_default())
+        for f in _columns()
     ]
 
 
