@@ -1,7 +1,7 @@
 """BLPOP for the web's waiting requests, over Redis connections of our own (asyncio).
 
 Each request that waits in the fair queue or streams reads its job's events with BLPOP, one
-call per event (two for a whole answer: picked, done; one per chunk for a stream). Through
+call per event (one for a whole answer, its `done`; one per chunk for a stream). Through
 redis-py's asyncio client a call cost 60-100 us of the web's CPU (its connection pool, retry
 wrapper, command packing, timeout task and parser layers); here it is one write and one
 parsed reply on a connection kept for the next call, about 15 us (bench/blocking_pops.py).

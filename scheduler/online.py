@@ -378,25 +378,28 @@ async def _in_thread(work: Callable[..., _T], *args: Any) -> _T:
 
 # Events that end a job's story for its waiter.
 FINAL_EVENTS = frozenset({"done", "error", "expired", "cancelled"})
+# What a run says (each with its `attempt`): a requeued run's leftovers may still come.
+RUN_WORDS = frozenset({"chunk", "done", "error"})
 
 
 async def follow(
     admitted: Admitted, client_gone: asyncio.Event | None = None
 ) -> AsyncIterator[dict[str, Any]]:
     """The job's events for its current run, in order, until a final one. A run that was
-    requeued yields a ``requeued`` event; its leftovers are skipped after that. Ends with
-    CancelledError once `client_gone` is set (at the latest when the wait under way ends, see
-    `_wait_s`), so the caller's clean-up cancels the job even if the task's own cancellation
-    was lost."""
+    requeued yields a ``requeued`` event; its leftovers are skipped after that (see
+    `_stale`). Ends with CancelledError once `client_gone` is set (at the latest when the
+    wait under way ends, see `_wait_s`), so the caller's clean-up cancels the job even if the
+    task's own cancellation was lost."""
     queue = fair_queue()
     key = queue.keys.events(admitted.job.job_id)
-    attempt: int | None = None
+    requeues = 0
+    running = False  # its current run has spoken, or the queue said it runs
     deadline = admitted.job.deadline  # a requeue gives the job a fresh one
     last_event = time.time()
     pops = _loop_state()[1]  # BLPOP holds one of its connections while it waits
     while True:
         try:
-            answer = await pops.blpop(key, _wait_s(deadline, attempt, time.time()))
+            answer = await pops.blpop(key, _wait_s(deadline, running, time.time()))
         except redis.TimeoutError:
             # The reply is late past its margin: the machine stalled (a CPU engine starting
             # can freeze two cores for seconds). Not news, and not a reason to fail the
@@ -406,22 +409,34 @@ async def follow(
             raise asyncio.CancelledError
         now = time.time()
         if answer is None:
-            deadline = _check_still_coming(admitted, attempt, deadline, now - last_event)
+            deadline, found_running = _check_still_coming(
+                admitted, running, deadline, now - last_event
+            )
+            if found_running and not running:
+                running, last_event = True, now
             continue
         last_event = now
         event: dict[str, Any] = json.loads(answer[1])
         kind = event.get("event")
-        if kind == "picked":
-            attempt = event.get("attempt")
-            yield event
-            continue
-        if kind in ("chunk", "done", "error") and event.get("attempt") != attempt:
-            continue  # a stale run's words
-        if kind == "requeued":
-            attempt = None
+        if kind in RUN_WORDS:
+            if _stale(event, requeues):
+                continue
+            running = True
+        elif kind == "requeued":
+            requeues, running = requeues + 1, False
         yield event
         if kind in FINAL_EVENTS:
             return
+
+
+def _stale(words: dict[str, Any], requeues: int) -> bool:
+    """Whether a run's words come from a run that was requeued since. Each pick numbers its
+    run one past the last (`attempt`), and a job goes back to its queue only with a
+    ``requeued`` event, which comes before anything its next run says: after `requeues` of
+    them, the current run is number requeues + 1. (So the waiter needs no event at the
+    pick: one round trip fewer per request.)"""
+    attempt = words.get("attempt")
+    return attempt is not None and attempt <= requeues
 
 
 # The longest one wait for a job's events lasts. Each wait that ends without news costs the
@@ -432,36 +447,40 @@ async def follow(
 EVENTS_WAIT_S = 5
 
 
-def _wait_s(deadline: float, attempt: int | None, now: float) -> int:
+def _wait_s(deadline: float, running: bool, now: float) -> int:
     """How long the next wait for events may last (whole seconds, as BLPOP takes them), for
-    a job queued until `deadline` or running (`attempt`)."""
-    if attempt is not None:  # running: the engine's answer ends it
+    a job queued until `deadline`, or running."""
+    if running:  # the engine's answer ends it
         return EVENTS_WAIT_S
     until_deadline = deadline + 1.0 - now
     return max(1, min(EVENTS_WAIT_S, math.ceil(until_deadline)))
 
 
 def _check_still_coming(
-    admitted: Admitted, attempt: int | None, deadline: float, silent_s: float
-) -> float:
+    admitted: Admitted, running: bool, deadline: float, silent_s: float
+) -> tuple[float, bool]:
     """Called after each wait without news: a queued job past its deadline is timed out here
     (without waiting for housekeeping); a running job silent too long is given up. Returns the
-    queue deadline the job is held to: a job requeued after its engine failed was given a
-    fresh one (the wait that was over was not its fault), which its record in the queue has."""
+    queue deadline the job is held to (a job requeued after its engine failed was given a
+    fresh one, which its record in the queue has: the wait that was over was not its fault),
+    and whether the job runs: one past its deadline that the queue says runs has not spoken
+    yet (an answer that is not streamed speaks once, at its end)."""
     job_id = admitted.job.job_id
     now = time.time()
-    if attempt is None and now > deadline + 1.0:
+    if not running and now > deadline + 1.0:
         job = fair_queue().get_job(job_id)
+        if job is not None and job.state == JobState.RUNNING:
+            return deadline, True
         if job is not None and job.state == JobState.QUEUED:
             if now <= job.deadline + 1.0:
-                return job.deadline
+                return job.deadline, False
             fair_queue().cancel(job_id, reason="queue_timeout")
             raise _queue_timeout(admitted)
     generate_s = float(settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S)
-    if attempt is not None and silent_s > generate_s:
+    if running and silent_s > generate_s:
         fair_queue().cancel(job_id, reason="engine_silent")
         raise Unavailable("The engine stopped answering this request; please retry.")
-    return deadline
+    return deadline, running
 
 
 def _queue_timeout(admitted: Admitted) -> QueueTimeout:

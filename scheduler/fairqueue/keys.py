@@ -12,8 +12,8 @@ key                                    type     holds
 ``job:{job_id}``                       hash     the job: tenant, pool, class, tokens, kv bytes,
                                                 state, deadline, engine, attempt, lease, charge
 ``job:{job_id}:events``                list     what happened to the job, JSON, for the waiter
-                                                (BLPOP): picked, requeued, expired, cancelled,
-                                                and whatever the worker publishes (chunks, done)
+                                                (BLPOP): requeued, expired, cancelled, and
+                                                what the run says (chunks, done, error)
 ``q:{pool}:{class}:{tenant}``          list     the tenant's waiting job ids, head = left
 ``backlog:{pool}:{class}``             zset     backlogged tenants scored by their VTC counter
 ``vtc:{pool}:{class}``                 hash     every tenant's VTC counter (also when idle)

@@ -36,8 +36,10 @@ job can wait until its queue timeout; its tenant's low counter puts it first whe
 appears. Cancelling a running job charges its prompt only (its output is unknown here).
 
 Waiter notification: each job has an event list (`Keys.events`). The scheduler appends
-JSON events ``picked``, ``requeued``, ``expired`` (reason ``queue_timeout``) and
-``cancelled``; the worker appends its own through `publish` (chunks, ``done``, ``error``).
+JSON events ``requeued``, ``expired`` (reason ``queue_timeout``) and ``cancelled``; the
+worker appends its run's through `publish` (chunks, ``done``, ``error``, each with the run's
+`attempt`, which tells a requeued run's leftovers apart). A pick tells the waiter nothing:
+it would cost the waiter a round trip per request to learn what the run's first words say.
 The waiting view reads them in order with `wait_event` (BLPOP), so nothing is lost between
 subscribe and publish as it could be with pub/sub.
 """

@@ -120,9 +120,8 @@ def test_a_waiter_whose_client_left_stops_at_its_next_event_even_if_not_cancelle
 
     admitted = waiting_request("j1")
     queue = fair_queue()
-    queue.publish("j1", {"event": "picked", "attempt": 1})
-    queue.publish("j1", {"event": "chunk", "attempt": 1, "data": {}})
-    queue.publish("j1", {"event": "chunk", "attempt": 1, "data": {}})
+    for _ in range(3):
+        queue.publish("j1", {"event": "chunk", "attempt": 1, "data": {}})
 
     seen: list[str] = []
 
@@ -134,7 +133,7 @@ def test_a_waiter_whose_client_left_stops_at_its_next_event_even_if_not_cancelle
 
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(relay())
-    assert seen == ["picked"]
+    assert seen == ["chunk"]
     assert redis_db.llen(queue.keys.events("j1")) == 1  # the rest is left unread
 
 
@@ -149,7 +148,7 @@ def test_a_client_read_timeout_while_waiting_for_events_is_no_news_not_an_error(
     settings.REDIS_URL = f"{settings.REDIS_URL}?socket_timeout=0.1"
     admitted = waiting_request("j2")
     queue = fair_queue()
-    queue.publish("j2", {"event": "picked", "attempt": 1})
+    queue.publish("j2", {"event": "chunk", "attempt": 1, "data": {}})
     later = threading.Timer(0.5, queue.publish, ("j2", {"event": "done", "attempt": 1}))
 
     async def relay() -> list[str]:
@@ -157,7 +156,7 @@ def test_a_client_read_timeout_while_waiting_for_events_is_no_news_not_an_error(
         return [event["event"] async for event in online.follow(admitted)]
 
     try:
-        assert asyncio.run(relay()) == ["picked", "done"]
+        assert asyncio.run(relay()) == ["chunk", "done"]
     finally:
         later.cancel()
 
@@ -174,38 +173,38 @@ def test_an_event_that_arrives_while_the_web_is_stalled_past_5_s_is_not_lost(red
 
     admitted = waiting_request("j3")
     queue = fair_queue()
-    queue.publish("j3", {"event": "picked", "attempt": 1})
+    queue.publish("j3", {"event": "chunk", "attempt": 1, "data": {}})
     answer = threading.Timer(0.3, queue.publish, ("j3", {"event": "done", "attempt": 1}))
 
     async def relay() -> list[str]:
         seen = []
         async for event in online.follow(admitted):
             seen.append(event["event"])
-            if event["event"] == "picked":  # the next wait starts: stall the loop under it
+            if event["event"] == "chunk":  # the next wait starts: stall the loop under it
                 answer.start()
                 asyncio.get_running_loop().call_later(0.1, time.sleep, 5.5)
         return seen
 
     try:
-        assert asyncio.run(asyncio.wait_for(relay(), timeout=12)) == ["picked", "done"]
+        assert asyncio.run(asyncio.wait_for(relay(), timeout=12)) == ["chunk", "done"]
     finally:
         answer.cancel()
 
 
 @pytest.mark.parametrize(
-    ("attempt", "deadline_in_s", "wait_s"),
+    ("running", "deadline_in_s", "wait_s"),
     [
-        (1, -10.0, online.EVENTS_WAIT_S),  # running: only the answer ends the wait
-        (None, 60.0, online.EVENTS_WAIT_S),  # queued, its deadline far off
-        (None, 2.3, 4),  # queued: the wait ends just past its deadline (3.3 s, whole seconds)
-        (None, -30.0, 1),  # past it: the shortest wait BLPOP has
+        (True, -10.0, online.EVENTS_WAIT_S),  # running: only the answer ends the wait
+        (False, 60.0, online.EVENTS_WAIT_S),  # queued, its deadline far off
+        (False, 2.3, 4),  # queued: the wait ends just past its deadline (3.3 s, whole seconds)
+        (False, -30.0, 1),  # past it: the shortest wait BLPOP has
     ],
 )
 def test_a_wait_for_events_lasts_a_few_seconds_or_until_just_past_the_queue_deadline(
-    attempt, deadline_in_s, wait_s
+    running, deadline_in_s, wait_s
 ):
     now = 1000.0
-    assert online._wait_s(now + deadline_in_s, attempt, now) == wait_s
+    assert online._wait_s(now + deadline_in_s, running, now) == wait_s
 
 
 def test_a_queued_waiter_is_timed_out_at_its_deadline_not_at_the_end_of_a_long_wait(redis_db):
@@ -256,7 +255,6 @@ def test_a_requeued_job_is_held_to_its_fresh_deadline_not_to_the_first_one(redis
     admitted = replace(waiting_request("j6"), job=replace(job, deadline=time.time() - 60))
 
     def answer() -> None:
-        queue.publish("j6", {"event": "picked", "attempt": 1})
         queue.publish("j6", {"event": "done", "attempt": 1})
 
     later = threading.Timer(2.5, answer)
@@ -266,9 +264,54 @@ def test_a_requeued_job_is_held_to_its_fresh_deadline_not_to_the_first_one(redis
         return [event["event"] async for event in online.follow(admitted)]
 
     try:
-        assert asyncio.run(asyncio.wait_for(relay(), timeout=10)) == ["picked", "done"]
+        assert asyncio.run(asyncio.wait_for(relay(), timeout=10)) == ["done"]
     finally:
         later.cancel()
     still = queue.get_job("j6")
     assert still is not None
     assert still.state == "queued"  # not cancelled by the waiter
+
+
+def test_a_requeued_runs_leftovers_are_skipped_by_their_attempt(redis_db):
+    """No event comes at a pick: after one `requeued`, words of attempt 1 are a dead run's,
+    those of attempt 2 the current run's."""
+    from scheduler.pools import fair_queue
+
+    admitted = waiting_request("j7")
+    queue = fair_queue()
+    for event in [
+        {"event": "chunk", "attempt": 1, "data": {"n": 1}},
+        {"event": "requeued", "reason": "engine_unavailable"},
+        {"event": "chunk", "attempt": 1, "data": {"n": 2}},  # the dead run, still talking
+        {"event": "done", "attempt": 1},
+        {"event": "chunk", "attempt": 2, "data": {"n": 3}},
+        {"event": "done", "attempt": 2},
+    ]:
+        queue.publish("j7", event)
+
+    async def relay() -> list[tuple[str, int | None]]:
+        return [(e["event"], e.get("attempt")) async for e in online.follow(admitted)]
+
+    assert asyncio.run(relay()) == [("chunk", 1), ("requeued", None), ("chunk", 2), ("done", 2)]
+
+
+def test_a_job_past_its_queue_deadline_that_runs_is_followed_as_running(redis_db):
+    """A whole answer says nothing until its end: a waiter that finds its job's queue deadline
+    past asks the queue, and a running job is waited for as such (long waits), not asked
+    about again and again nor timed out."""
+    import time
+
+    from scheduler.fairqueue.domain import EnginePolicy, TenantPolicy
+    from scheduler.pools import fair_queue
+
+    queue = fair_queue()
+    queue.set_tenant_policy("t", TenantPolicy(weight=1, quota_bytes=1 << 30))
+    queue.set_engine_policy(EnginePolicy("e", "p", kv_budget_bytes=1 << 30, max_num_seqs=1))
+    job = queue.enqueue(tenant="t", pool="p", request_class="interactive", prompt_tokens=1,
+                        max_tokens=1, kv_bytes=1, job_id="j8")  # fmt: skip
+    past = time.time() - 60
+    admitted = replace(waiting_request("j8"), job=replace(job, deadline=past))
+    assert online._check_still_coming(admitted, False, past, 0.0) == (job.deadline, False)
+    assert queue.pick("p") is not None
+    assert online._check_still_coming(admitted, False, past, 0.0) == (past, True)
+    assert online._wait_s(past, True, time.time()) == online.EVENTS_WAIT_S

@@ -361,7 +361,6 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
     'state', job.state, 'engine', engine_id, 'attempt', job.attempt,
     'lease_deadline', job.lease_deadline, 'reserved', job.reserved, 'picked_at', job.picked_at)
   redis.call('ZADD', k_inflight(), job.lease_deadline, job_id)
-  emit(job_id, {event = 'picked', engine = engine_id, attempt = attempt})
   return job_id, job
 end
 
