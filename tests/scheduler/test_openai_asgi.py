@@ -279,14 +279,15 @@ def test_a_requeued_runs_leftovers_are_skipped_by_their_attempt(redis_db):
 
     admitted = waiting_request("j7")
     queue = fair_queue()
-    for event in [
+    events: list[dict[str, object]] = [
         {"event": "chunk", "attempt": 1, "data": {"n": 1}},
         {"event": "requeued", "reason": "engine_unavailable"},
         {"event": "chunk", "attempt": 1, "data": {"n": 2}},  # the dead run, still talking
         {"event": "done", "attempt": 1},
         {"event": "chunk", "attempt": 2, "data": {"n": 3}},
         {"event": "done", "attempt": 2},
-    ]:
+    ]
+    for event in events:
         queue.publish("j7", event)
 
     async def relay() -> list[tuple[str, int | None]]:
