@@ -223,6 +223,9 @@ GPUSHARE_ENGINE_STOP_TIMEOUT_S = env_float("GPUSHARE_ENGINE_STOP_TIMEOUT_S", 30.
 # use their own, longer, read timeout.
 GPUSHARE_ENGINE_HTTP_TIMEOUT_S = env_float("GPUSHARE_ENGINE_HTTP_TIMEOUT_S", 10.0)
 GPUSHARE_ENGINE_GENERATE_TIMEOUT_S = env_float("GPUSHARE_ENGINE_GENERATE_TIMEOUT_S", 300.0)
+# /health checks a ready engine may miss in a row before it is failed and its process
+# stopped: one miss is often a stall (a machine short of CPU), not a dead engine.
+GPUSHARE_ENGINE_HEALTH_MISSES = env_int("GPUSHARE_ENGINE_HEALTH_MISSES", 3)
 
 
 # --- Scheduler (issue 4) ----------------------------------------------------------------

@@ -45,7 +45,7 @@ class EngineAdmin(admin.ModelAdmin[Engine]):
     list_filter = ("status", "served_model_name", "device__node")
     search_fields = ("name", "served_model_name", "model_path")
     list_select_related = ("device", "dedicated_tenant")
-    # Status, pid and KV capacity are the supervisor's to write (manage.py engine ...).
+    # Status, pid, KV capacity and health are the supervisor's to write (manage.py engine ...).
     readonly_fields = (
         "status",
         "status_detail",
@@ -53,6 +53,7 @@ class EngineAdmin(admin.ModelAdmin[Engine]):
         "block_size",
         "pid",
         "started_at",
+        "health_misses",
         "updated_at",
     )
 

@@ -119,6 +119,9 @@ class Engine(models.Model):
     )
     pid = models.PositiveIntegerField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
+    health_misses = models.PositiveSmallIntegerField(
+        default=0, help_text="Periodic /health checks missed in a row while ready."
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

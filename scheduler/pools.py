@@ -115,7 +115,11 @@ def enqueue_resyncing(
     except JobRejected as exc:
         if exc.reason not in ("no_engine", "unknown_tenant"):
             raise
-    sync_engine(engine, queue)
+    # The caller's row may be cached (the web's routes): read it again, so that a row read
+    # before the engine drained or failed does not bring it back into the picks.
+    fresh = Engine.objects.select_related("dedicated_tenant").filter(pk=engine.pk).first()
+    if fresh is not None:
+        sync_engine(fresh, queue)
     sync_tenant(tenant, queue)
     return enqueue()
 

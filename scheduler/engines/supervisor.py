@@ -118,16 +118,45 @@ def engine_refresh(*, engine: Engine) -> Engine:
 
 
 def engine_health_check(*, engine: Engine, timeouts: Timeouts | None = None) -> Engine:
-    """The crash check plus /health for a ready engine: a ready engine that does not answer
-    is failed rather than sent work."""
+    """The crash check plus /health for a ready engine. A ready engine that misses
+    GPUSHARE_ENGINE_HEALTH_MISSES checks in a row is failed rather than sent work, and its
+    process stopped: one miss is often a stall (a machine short of CPU), not a dead engine,
+    and a failed engine whose process lives on would hold its port and memory, so it could
+    not be started again."""
     engine_refresh(engine=engine)
-    if engine.status == EngineStatus.READY and not _answers_health(engine, timeouts):
-        engine_set_status(
-            engine=engine,
-            status=EngineStatus.FAILED,
-            detail=f"/health at {engine.base_url} did not answer 200 while ready",
-        )
+    if engine.status != EngineStatus.READY:
+        return engine
+    if _answers_health(engine, timeouts):
+        if engine.health_misses:
+            _count_health_misses(engine, 0)
+        return engine
+    misses = engine.health_misses + 1
+    allowed = max(1, settings.GPUSHARE_ENGINE_HEALTH_MISSES)
+    if misses < allowed:
+        log.warning("engine %s missed /health (%d of %d in a row)", engine.name, misses, allowed)
+        _count_health_misses(engine, misses)
+        return engine
+    _fail_deaf(engine, misses, timeouts or Timeouts.from_settings())
     return engine
+
+
+def _count_health_misses(engine: Engine, misses: int) -> None:
+    # A plain UPDATE: the count is no reason to reload the routes cached from engine rows.
+    Engine.objects.filter(pk=engine.pk).update(health_misses=misses)
+    engine.health_misses = misses
+
+
+def _fail_deaf(engine: Engine, misses: int, timeouts: Timeouts) -> None:
+    """Failed first, so that no new work goes to it; then its process is stopped."""
+    detail = f"/health at {engine.base_url} did not answer 200 in {misses} checks in a row"
+    engine_set_status(engine=engine, status=EngineStatus.FAILED, detail=f"{detail} while ready")
+    _leave_fair_queue(engine)
+    if engine.pid is not None and process.is_engine_process(engine.pid, port=engine.port):
+        graceful = process.terminate(engine.pid, timeout_s=timeouts.stop_s)
+        how = "stopped" if graceful else f"killed after {timeouts.stop_s:.0f} s without exiting"
+        detail = f"{detail} while ready; its process {engine.pid} was {how}"
+        engine_set_status(engine=engine, status=EngineStatus.FAILED, detail=detail, clear_pid=True)
+    log.warning("engine %s failed: %s", engine.name, engine.status_detail)
 
 
 def _answers_health(engine: Engine, timeouts: Timeouts | None) -> bool:
@@ -312,6 +341,7 @@ def _mark_ready(
         f"ready in {elapsed:.0f} s; KV capacity {capacity} tokens "
         f"({metrics.num_blocks} blocks of {metrics.block_size})"
     )
+    _count_health_misses(engine, 0)  # a miss of its previous run says nothing of this one
     engine_set_status(
         engine=engine,
         status=EngineStatus.READY,
@@ -333,10 +363,18 @@ def engine_stop(
     timeouts = timeouts or Timeouts.from_settings()
     engine = engine_refresh(engine=engine_get(name=name))
     if engine.status not in LIVE_STATUSES:
-        on_progress(f"{engine.name} is {engine.status}; nothing to stop")
+        if engine.pid is not None and _process_alive(engine):
+            # A deaf engine failed by an older version kept its process running.
+            on_progress(f"{engine.name}: stopping process {engine.pid} of the failed engine")
+            process.terminate(engine.pid, timeout_s=timeouts.stop_s)
+        else:
+            on_progress(f"{engine.name} is {engine.status}; nothing to stop")
         if engine.status == EngineStatus.FAILED:
             engine_set_status(
-                engine=engine, status=EngineStatus.STOPPED, detail="stopped after failing"
+                engine=engine,
+                status=EngineStatus.STOPPED,
+                detail="stopped after failing",
+                clear_pid=True,
             )
         return engine
     if engine.status in (EngineStatus.READY, EngineStatus.DRAINING):
@@ -352,6 +390,7 @@ def engine_stop(
         graceful = process.terminate(engine.pid, timeout_s=timeouts.stop_s)
     detail = "stopped" if graceful else f"killed after {timeouts.stop_s:.0f} s without exiting"
     engine_set_status(engine=engine, status=EngineStatus.STOPPED, detail=detail, clear_pid=True)
+    _leave_fair_queue(engine)  # again: a row read before the drain may have put it back
     on_progress(f"{engine.name}: {detail}")
     return engine
 

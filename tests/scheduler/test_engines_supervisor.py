@@ -149,15 +149,57 @@ def test_a_crashed_engine_is_detected_and_never_left_ready(engine) -> None:
     assert engine_stop(name="fake", timeouts=FAST).status == EngineStatus.STOPPED
 
 
-def test_a_ready_engine_that_stops_answering_health_is_failed(engine) -> None:
+def test_a_ready_engine_that_stops_answering_health_is_failed_and_its_process_stopped(
+    engine, settings
+) -> None:
+    settings.GPUSHARE_ENGINE_HEALTH_MISSES = 2
     started = engine_start(name="fake", timeouts=FAST)
     os.kill(pid_of(started), signal.SIGSTOP)  # alive, but deaf
     try:
-        checked = engine_health_check(engine=Engine.objects.get(name="fake"), timeouts=FAST)
+        once = engine_health_check(engine=Engine.objects.get(name="fake"), timeouts=FAST)
+        assert once.status == EngineStatus.READY  # one miss may be a stall
+        assert Engine.objects.get(name="fake").health_misses == 1
+        twice = engine_health_check(engine=Engine.objects.get(name="fake"), timeouts=FAST)
+    finally:
+        if process.is_running(pid_of(started)):
+            os.kill(pid_of(started), signal.SIGCONT)
+    assert twice.status == EngineStatus.FAILED
+    assert "did not answer 200 in 2 checks in a row" in twice.status_detail
+    # Stopped, so that its port and memory are free for the next start.
+    assert not process.is_running(pid_of(started))
+    assert f"its process {started.pid} was killed" in twice.status_detail
+    assert Engine.objects.get(name="fake").pid is None
+
+
+def test_an_engine_that_answers_again_is_forgiven_its_misses(engine, settings) -> None:
+    settings.GPUSHARE_ENGINE_HEALTH_MISSES = 2
+    started = engine_start(name="fake", timeouts=FAST)
+    os.kill(pid_of(started), signal.SIGSTOP)
+    try:
+        engine_health_check(engine=Engine.objects.get(name="fake"), timeouts=FAST)
     finally:
         os.kill(pid_of(started), signal.SIGCONT)
-    assert checked.status == EngineStatus.FAILED
-    assert "/health" in checked.status_detail
+    answered = engine_health_check(engine=Engine.objects.get(name="fake"), timeouts=FAST)
+    assert answered.status == EngineStatus.READY
+    assert Engine.objects.get(name="fake").health_misses == 0
+    # So the next single miss does not fail it either.
+    os.kill(pid_of(started), signal.SIGSTOP)
+    try:
+        missed = engine_health_check(engine=Engine.objects.get(name="fake"), timeouts=FAST)
+    finally:
+        os.kill(pid_of(started), signal.SIGCONT)
+    assert missed.status == EngineStatus.READY
+    assert process.is_engine_process(pid_of(started), port=started.port)
+
+
+def test_stopping_a_failed_engine_whose_process_still_runs_stops_the_process(engine) -> None:
+    started = engine_start(name="fake", timeouts=FAST)
+    # As an older version left a deaf engine: failed, its process running.
+    Engine.objects.filter(name="fake").update(status=EngineStatus.FAILED)
+    stopped = engine_stop(name="fake", timeouts=FAST)
+    assert stopped.status == EngineStatus.STOPPED
+    assert stopped.pid is None
+    assert not process.is_running(pid_of(started))
 
 
 def test_without_a_vllm_environment_start_says_to_run_setup(engine, settings, tmp_path) -> None:

@@ -16,8 +16,16 @@ from scheduler.engines.supervisor import Timeouts, engine_stop
 from scheduler.fairqueue.domain import JobRejected
 from scheduler.fairqueue.queue import FairQueue
 from scheduler.models import Device, Engine, EngineStatus
-from scheduler.pools import fair_queue, sync_all_engines, sync_engines_if_changed, sync_tenant
+from scheduler.pools import (
+    enqueue_resyncing,
+    fair_queue,
+    sync_all_engines,
+    sync_engine,
+    sync_engines_if_changed,
+    sync_tenant,
+)
 from scheduler.services import engine_set_status
+from tenants.models import Tenant
 from tests.factories import TenantFactory
 
 MODEL = "tiny-llama"
@@ -168,6 +176,38 @@ def test_stopping_an_engine_takes_it_out_of_the_pool_before_the_drain_waits(
     assert seen["picked"] == 1
     assert getattr(seen["next"], "engine_id", None) == "b"
     assert queue.release(in_flight.job_id, 50, 10, attempt=in_flight.attempt)
+
+
+def test_a_stopped_engine_stays_out_of_the_pool_if_a_stale_row_put_it_back_meanwhile(
+    queue, device, model_dir, monkeypatch
+):
+    stale = make_engine(device, model_dir, "a", EngineStatus.READY, kv_tokens=100_000)
+    make_engine(device, model_dir, "b", EngineStatus.READY, port=2)
+    sync_all_engines(queue)
+    # During the drain, something that read the row while it was ready syncs it again.
+    monkeypatch.setattr(supervisor, "_drain", lambda engine, **_: sync_engine(stale, queue))
+    monkeypatch.setattr(supervisor, "_process_alive", lambda engine: True)
+    engine_stop(name="a", timeouts=FAST)
+
+    assert queue.pool_engines(POOL) == ["b"]
+
+
+def test_a_request_routed_by_a_cached_ready_row_does_not_bring_a_drained_engine_back(
+    queue, device, model_dir
+):
+    engine = make_engine(device, model_dir, "a", EngineStatus.READY)
+    sync_all_engines(queue)
+    cached = Engine.objects.get(pk=engine.pk)  # as the web's routes hold it
+    engine_set_status(engine=engine, status=EngineStatus.DRAINING)
+    sync_all_engines(queue)  # the drain took it out of the picks
+
+    with pytest.raises(JobRejected) as rejected:
+        enqueue_resyncing(
+            lambda: enqueue(queue), engine=cached, tenant=Tenant.objects.get(slug="acme"),
+            queue=queue,
+        )  # fmt: skip
+    assert rejected.value.reason == "no_engine"
+    assert queue.pool_engines(POOL) == []
 
 
 def test_a_job_goes_to_the_ready_engine_with_the_most_free_kv(queue, device, model_dir):

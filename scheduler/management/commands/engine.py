@@ -128,3 +128,5 @@ class Command(BaseCommand):
         )
         if engine.status_detail:
             self.stdout.write(f"  detail    {engine.status_detail}")
+        if engine.health_misses:
+            self.stdout.write(f"  health    missed the last {engine.health_misses} checks")
