@@ -32,7 +32,7 @@ from django.db import connection
 
 from config.ttlcache import TtlCache
 from scheduler.batches import batch_line_finished
-from scheduler.engines.supervisor import shared_engine_client
+from scheduler.engines.supervisor import engine_check_unreachable, shared_engine_client
 from scheduler.fairqueue.domain import DispatchLoop, Job
 from scheduler.fairqueue.queue import FairQueue, LastWords
 from scheduler.models import Engine
@@ -206,7 +206,16 @@ def run_picked(queue: FairQueue, job: Job) -> RunResult:
     if engine is None:  # removed while the job waited: give it back for another engine
         queue.requeue(job.job_id, attempt=job.attempt, reason="engine_removed")
         return RunResult(outcome="requeued")
-    return run_job(queue, job, shared_engine_client(engine))
+    return run_job(
+        queue, job, shared_engine_client(engine), on_engine_lost=lambda: _engine_lost(engine)
+    )
+
+
+def _engine_lost(engine: Engine) -> None:
+    try:
+        engine_check_unreachable(name=engine.name)
+    except Exception:  # the job goes back to the queue all the same
+        log.warning("could not check unreachable engine %s", engine.name, exc_info=True)
 
 
 def last_words(job: Job, request: dict[str, Any], result: RunResult) -> LastWords:

@@ -18,7 +18,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,10 +138,16 @@ def _openai_error(message: str, code: str, error_type: str = "server_error") -> 
     return {"error": {"message": message, "type": error_type, "code": code, "param": None}}
 
 
-def run_job(queue: FairQueue, job: Job, client: EngineClient) -> RunResult:
+def run_job(
+    queue: FairQueue,
+    job: Job,
+    client: EngineClient,
+    on_engine_lost: Callable[[], None] | None = None,
+) -> RunResult:
     """Runs `job` on `client`'s engine; returns what happened (the ledger's row). The job is
     still reserved when this returns, unless it was requeued or given up: the caller
-    releases it with the result's token counts, telling its `done_event` in the same step."""
+    releases it with the result's token counts, telling its `done_event` in the same step.
+    `on_engine_lost` runs when the engine cannot be reached, before the job is requeued."""
     request = json.loads(job.payload)
     keeper = LeaseKeeper(queue, job)
     result = RunResult(outcome="success")
@@ -154,7 +160,7 @@ def run_job(queue: FairQueue, job: Job, client: EngineClient) -> RunResult:
         _answer_engine_refusal(queue, job, exc, result)
     except EngineUnavailable as exc:
         keeper.stop()
-        return _engine_lost(queue, job, str(exc), result)
+        return _engine_lost(queue, job, str(exc), result, on_engine_lost)
     except Exception as exc:  # never leave a waiter hanging on a bug
         log.exception("job %s failed", job.job_id)
         result.outcome, result.status_code, result.error_code = "error", 500, "internal_error"
@@ -257,9 +263,17 @@ def _answer_engine_refusal(
     _publish(queue, job, {"event": "error", "status": exc.status_code, "body": error})
 
 
-def _engine_lost(queue: FairQueue, job: Job, detail: str, result: RunResult) -> RunResult:
+def _engine_lost(
+    queue: FairQueue,
+    job: Job,
+    detail: str,
+    result: RunResult,
+    on_engine_lost: Callable[[], None] | None,
+) -> RunResult:
     """The engine could not be reached or crashed mid-request: try another run, a few times."""
     log.warning("job %s: engine %s unavailable: %s", job.job_id, job.engine_id, detail)
+    if on_engine_lost is not None:  # first: the job's next pick must not find a dead engine
+        on_engine_lost()
     result.finished_at = time.time()
     if job.attempt < MAX_ATTEMPTS and queue.requeue(
         job.job_id, attempt=job.attempt, reason="engine_unavailable"

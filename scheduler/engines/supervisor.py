@@ -117,6 +117,22 @@ def engine_refresh(*, engine: Engine) -> Engine:
     return engine
 
 
+def engine_check_unreachable(*, name: str) -> bool:
+    """A call could not reach the engine: if it runs on this node and its process is gone, it
+    is failed and out of the fair queue now, not at the next periodic check, so that the job
+    given back to the queue is not picked for it again. True if it was failed."""
+    here = node_name(settings.GPUSHARE_NODE_NAME)
+    engine = (
+        Engine.objects.select_related("device", "dedicated_tenant")
+        .filter(name=name, device__node=here, status__in=LIVE_STATUSES)
+        .first()
+    )
+    if engine is None or engine_refresh(engine=engine).status != EngineStatus.FAILED:
+        return False
+    _leave_fair_queue(engine)
+    return True
+
+
 def engine_health_check(*, engine: Engine, timeouts: Timeouts | None = None) -> Engine:
     """The crash check plus /health for a ready engine. A ready engine that misses
     GPUSHARE_ENGINE_HEALTH_MISSES checks in a row is failed rather than sent work, and its
