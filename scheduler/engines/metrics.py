@@ -12,9 +12,9 @@ Names from vLLM's own source (vllm/v1/metrics/loggers.py):
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-
-from prometheus_client.parser import text_string_to_metric_families
 
 CACHE_CONFIG_INFO = "vllm:cache_config_info"
 REQUESTS_RUNNING = "vllm:num_requests_running"
@@ -57,22 +57,42 @@ WANTED = frozenset(
     {CACHE_CONFIG_INFO, REQUESTS_RUNNING, REQUESTS_WAITING, KV_CACHE_USAGE, PREEMPTIONS,
      TTFT_SUM, TTFT_COUNT}
 )  # fmt: skip
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
-def _wanted_lines(text: str) -> str:
-    """Only the samples read here: vLLM's page is mostly histogram buckets, and parsing
-    them all cost the worker more CPU than everything else the telemetry sample does."""
-    kept = []
-    for line in text.splitlines():
-        if line and line[0] != "#":
-            end = len(line)
-            for mark in ("{", " "):
-                found = line.find(mark)
-                if 0 <= found < end:
-                    end = found
-            if line[:end] in WANTED:
-                kept.append(line)
-    return "\n".join(kept) + "\n"
+def _wanted_samples(text: str) -> Iterator[tuple[str, str, float]]:
+    """(name, labels as written, value) of the samples read here, in the text exposition
+    format (`name{labels} value [timestamp]`). Not a general parser: vLLM's page is mostly
+    histogram buckets, and prometheus_client's parser, even fed only the wanted lines, was a
+    fifth of the telemetry sampler's CPU; each wanted name is looked for at the start of a
+    line instead of reading every line (docs/BENCHMARKS.md)."""
+    page = "\n" + text
+    for name in WANTED:
+        marker = "\n" + name
+        at = page.find(marker)
+        while at != -1:
+            end = page.find("\n", at + 1)
+            line = page[at + 1 : end if end != -1 else len(page)]
+            sample = _sample(name, line)
+            if sample is not None:
+                yield sample
+            at = page.find(marker, at + 1)
+
+
+def _sample(name: str, line: str) -> tuple[str, str, float] | None:
+    """The sample of `line` if it is one of `name` (not of a longer name it begins)."""
+    rest = line[len(name) :]
+    labels = ""
+    if rest.startswith("{"):
+        close = rest.rfind("}")
+        labels, rest = rest[1:close], rest[close + 1 :]
+    elif not rest.startswith(" "):
+        return None
+    fields = rest.split()
+    try:
+        return name, labels, float(fields[0])
+    except (IndexError, ValueError):  # a malformed sample: the others still count
+        return None
 
 
 def parse_engine_metrics(text: str) -> EngineMetrics:
@@ -83,21 +103,21 @@ def parse_engine_metrics(text: str) -> EngineMetrics:
     running = waiting = 0.0
     usage: float | None = None
     counters: dict[str, float] = {}
-    for family in text_string_to_metric_families(_wanted_lines(text)):
-        for sample in family.samples:
-            if sample.name == CACHE_CONFIG_INFO:
-                blocks = _int_label(sample.labels, "num_gpu_blocks")
-                if blocks is not None:
-                    num_blocks = (num_blocks or 0) + blocks
-                block_size = _int_label(sample.labels, "block_size") or block_size
-            elif sample.name == REQUESTS_RUNNING:
-                running += sample.value
-            elif sample.name == REQUESTS_WAITING:
-                waiting += sample.value
-            elif sample.name == KV_CACHE_USAGE:
-                usage = max(usage or 0.0, sample.value)
-            elif sample.name in (PREEMPTIONS, TTFT_SUM, TTFT_COUNT):
-                counters[sample.name] = counters.get(sample.name, 0.0) + sample.value
+    for name, labels, value in _wanted_samples(text):
+        if name == CACHE_CONFIG_INFO:
+            info = dict(_LABEL.findall(labels))
+            blocks = _int_label(info, "num_gpu_blocks")
+            if blocks is not None:
+                num_blocks = (num_blocks or 0) + blocks
+            block_size = _int_label(info, "block_size") or block_size
+        elif name == REQUESTS_RUNNING:
+            running += value
+        elif name == REQUESTS_WAITING:
+            waiting += value
+        elif name == KV_CACHE_USAGE:
+            usage = max(usage or 0.0, value)
+        else:  # the counters
+            counters[name] = counters.get(name, 0.0) + value
     return EngineMetrics(
         num_blocks,
         block_size,
