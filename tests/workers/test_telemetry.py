@@ -292,9 +292,11 @@ def test_each_tick_runs_the_engine_check_and_overlapping_ticks_skip(
     monkeypatch.setattr(telemetry, "engines_check_all", check_all)
     telemetry_sample()
     assert checked == [True]
+    assert not live.exists(telemetry.LOCK_KEY)  # a tick lets its own lock go
     live.set(telemetry.LOCK_KEY, "another tick")
     assert telemetry_sample().skipped
     assert checked == [True]
+    assert live.exists(telemetry.LOCK_KEY)  # a skipped tick leaves the other one's alone
 
 
 # --- the ledger and rejections --------------------------------------------------------------
