@@ -207,11 +207,13 @@ def run_picked(queue: FairQueue, job: Job) -> RunResult:
         queue.requeue(job.job_id, attempt=job.attempt, reason="engine_removed")
         return RunResult(outcome="requeued")
     return run_job(
-        queue, job, shared_engine_client(engine), on_engine_lost=lambda: _engine_lost(engine)
+        queue, job, shared_engine_client(engine), on_engine_lost=lambda: _fail_if_dead(engine)
     )
 
 
-def _engine_lost(engine: Engine) -> None:
+def _fail_if_dead(engine: Engine) -> None:
+    """The job could not reach `engine`: failed now if its process is gone (see
+    `engine_check_unreachable`). Not `runner._engine_lost`, which requeues the job."""
     try:
         engine_check_unreachable(name=engine.name)
     except Exception:  # the job goes back to the queue all the same
