@@ -219,8 +219,20 @@ async def whole_request(
     return outcome
 
 
+# How long the benchmarks' client keeps an idle connection. httpx's default, 5 s, is also
+# vLLM's server's keep-alive timeout: a connection reused just as the engine closes it is
+# reset (seen in direct rounds of online_overhead.py on a busy 2-core machine, where the
+# client can stall for seconds between taking a connection and writing on it). The client
+# must let go first. (The platform's web keeps them 75 s: config/serve.py.)
+CLIENT_KEEPALIVE_S = 2.0
+
+
 def http_client(connections: int) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    limits = httpx.Limits(
+        max_connections=connections,
+        max_keepalive_connections=connections,
+        keepalive_expiry=CLIENT_KEEPALIVE_S,
+    )
     return httpx.AsyncClient(timeout=httpx.Timeout(600, connect=30), limits=limits)
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from common import DEFAULT_REDIS_URL, bench_platform, cpu_seconds, percentile
+from common import DEFAULT_REDIS_URL, bench_platform, cpu_seconds, http_client, percentile
 
 MODEL = "bench-tiny"
 
@@ -45,8 +45,7 @@ async def send(url: str, headers: dict[str, str], body: dict, n: int, concurrenc
     latencies: list[float] = []
     errors = 0
     gate = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+    async with http_client(concurrency) as client:
 
         async def one() -> None:
             nonlocal errors

@@ -7,6 +7,9 @@ write the `date` header it sends; on those wakes alone an idle web process spent
 per second, 0.2 with one wake a second (the platform's web, idle, back to back on the 2-core
 test machine; docs/BENCHMARKS.md). Once a second keeps the `date` header exact to the second,
 as before; a signal to stop now takes up to a second to be noticed.
+
+It also keeps an idle client connection open for `KEEP_ALIVE_S` unless the command line
+says otherwise (`--timeout-keep-alive`); see there why uvicorn's 5 s is not kept.
 """
 
 from __future__ import annotations
@@ -23,6 +26,15 @@ TICK_S = 1.0
 # ticks are 100 ms): each of ours counts as ten of its.
 UVICORN_TICKS_PER_TICK = 10
 _COUNTER_WRAP = 864_000
+
+# How long an idle client connection stays open. uvicorn's 5 s is the keep-alive expiry of
+# httpx (and so of the `openai` client) too: a client that reuses its connection just as the
+# server closes it gets a connection reset for a request the server never read (seen in
+# bench/online_overhead.py on a busy 2-core machine: the web's FIN came 5.4 s after its last
+# answer and crossed the client's next request, which the web's kernel answered with RST).
+# The side that closes idle connections must be the client or the proxy in front (nginx's
+# upstream keep-alive and cloud load balancers idle out at 60 s), so the web waits longer.
+KEEP_ALIVE_S = 75
 
 
 class CalmServer(uvicorn.Server):
@@ -59,7 +71,8 @@ def _command_line() -> Any:
 
 def main() -> None:
     install()
-    _command_line().main()
+    # Defaults for the command's own options: the command line still overrides them.
+    _command_line().main(default_map={"timeout_keep_alive": KEEP_ALIVE_S})
 
 
 if __name__ == "__main__":

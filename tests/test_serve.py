@@ -5,6 +5,7 @@ stops on SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import os
 import signal
 import subprocess
@@ -59,6 +60,29 @@ def test_install_makes_uvicorns_command_line_and_its_workers_build_the_calm_serv
     assert isinstance(worker.server, serve.CalmServer)
 
 
+@pytest.mark.parametrize(
+    ("extra", "expected"), [([], serve.KEEP_ALIVE_S), (["--timeout-keep-alive", "7"], 7)]
+)
+def test_idle_connections_stay_open_longer_than_clients_keep_them_unless_told(
+    installed, monkeypatch, extra, expected
+):
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(serve._command_line(), "run", lambda app, **options: seen.update(options))
+    monkeypatch.setattr(sys, "argv", ["serve", "config.asgi:application", *extra])
+    with pytest.raises(SystemExit) as ended:
+        serve.main()
+    assert ended.value.code == 0
+    assert seen["timeout_keep_alive"] == expected
+    assert expected > httpx.Limits().keepalive_expiry  # the client lets go first
+
+
+def _status_on(connection: http.client.HTTPConnection, path: str) -> int:
+    connection.request("GET", path)
+    response = connection.getresponse()
+    response.read()
+    return response.status
+
+
 def test_a_real_process_serves_with_a_date_header_and_stops_on_sigterm():
     port = free_port()
     command = [sys.executable, "-m", "config.serve", "config.asgi:application",
@@ -76,6 +100,16 @@ def test_a_real_process_serves_with_a_date_header_and_stops_on_sigterm():
                 time.sleep(0.2)
         assert response.status_code == 200
         assert response.headers["date"].endswith(" GMT")
+        # A connection idle past uvicorn's own 5 s is still open and answers.
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            assert _status_on(connection, "/healthz") == 200
+            first = connection.sock
+            time.sleep(6)
+            assert _status_on(connection, "/healthz") == 200  # not RemoteDisconnected
+            assert connection.sock is first
+        finally:
+            connection.close()
         process.send_signal(signal.SIGTERM)
         # uvicorn shuts down, then raises the signal it caught again: the exit says SIGTERM.
         assert process.wait(timeout=10) == -signal.SIGTERM
