@@ -8,6 +8,11 @@ An entry that has just run out is refreshed by one thread while the others keep 
 old value for the moment that takes: under load, every thread of a pool used to find the
 entry gone at the same instant and ask the database the same question at once (measured in
 the worker: the engine lookup of every running job, each time the entry ran out).
+
+Every compute reads the database, so none starts on a thread that runs an event loop (the
+web's): Django would refuse it there too, but only after the ORM had built and compiled the
+query. The caller redoes the step in a thread (scheduler.online.admit), which refreshes the
+entry; the loop uses fresh entries, and checks a version, on its own.
 """
 
 from __future__ import annotations
@@ -18,11 +23,19 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Generic, NamedTuple, TypeVar
 
+from django.utils.asyncio import async_unsafe
+
 V = TypeVar("V")
 
 # The version of an entry whose version could not be read (or of a cache without one): it
 # equals no version, so the entry is computed again when it runs out.
 _UNKNOWN = object()
+
+# Django's own rule (and its DJANGO_ALLOW_ASYNC_UNSAFE), applied before the compute starts.
+# Under load the web built and compiled the key lookup's query on its loop for nothing, for
+# every request that came while an entry waited for its refresh: a fifth of the web's CPU
+# (py-spy, bench/online_overhead.py; docs/BENCHMARKS.md, 2026-12-03, fourth session).
+_not_on_a_loop = async_unsafe("A cache entry is computed from the database, not on an event loop.")
 
 
 class _Entry(NamedTuple, Generic[V]):
@@ -63,7 +76,7 @@ class TtlCache(Generic[V]):
             if hit is not None and self._still_valid(hit, version, now):
                 value, computed_at = hit.value, hit.computed_at
             else:
-                value, computed_at = compute(), now
+                value, computed_at = _not_on_a_loop(compute)(), now
         finally:
             with self._lock:
                 self._refreshing.discard(key)

@@ -3,11 +3,13 @@ keep the old value for that moment, instead of every thread asking the database 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
 
 import pytest
+from django.core.exceptions import SynchronousOnlyOperation
 
 from config import ttlcache
 from config.ttlcache import TtlCache
@@ -48,6 +50,32 @@ def test_a_refresh_that_fails_leaves_the_next_caller_to_try_again():
     with pytest.raises(RuntimeError):
         cache.get_or_compute("k", broken)
     assert cache.get_or_compute("k", lambda: "new") == "new"
+
+
+def test_on_an_event_loop_an_entry_is_not_computed_and_a_thread_then_computes_it(monkeypatch):
+    """The web's loop refuses before the compute starts (it would build a query for nothing);
+    the thread it hands the step to computes the entry, which the loop then uses."""
+    monkeypatch.delenv("DJANGO_ALLOW_ASYNC_UNSAFE", raising=False)
+    cache: TtlCache[str] = TtlCache(ttl_s=60)
+    calls: list[str] = []
+
+    def compute() -> str:
+        calls.append("computed")
+        return "value"
+
+    async def on_the_loop() -> str:
+        return cache.get_or_compute("k", compute)
+
+    with pytest.raises(SynchronousOnlyOperation):
+        asyncio.run(on_the_loop())
+    assert calls == []
+    computed: list[str] = []
+    thread = threading.Thread(target=lambda: computed.append(cache.get_or_compute("k", compute)))
+    thread.start()
+    thread.join(5)
+    assert computed == ["value"]  # the refused attempt did not leave the key "refreshing"
+    assert asyncio.run(on_the_loop()) == "value"
+    assert calls == ["computed"]
 
 
 class Version:
@@ -125,6 +153,19 @@ def test_an_entry_is_computed_again_past_its_max_age_whatever_the_version(clock:
     assert cache.get_or_compute("k", counting("v2", calls)) == "v1"
     clock.now += 8  # 11 s after it was computed
     assert cache.get_or_compute("k", counting("v2", calls)) == "v2"
+
+
+def test_on_an_event_loop_an_entry_that_ran_out_is_kept_by_its_unchanged_version(clock: Clock):
+    version, calls = Version(), list[str]()
+    cache: TtlCache[str] = TtlCache(ttl_s=2, version=version)
+    cache.get_or_compute("k", counting("v1", calls))
+    clock.now += 3
+
+    async def on_the_loop() -> str:
+        return cache.get_or_compute("k", counting("v2", calls))
+
+    assert asyncio.run(on_the_loop()) == "v1"  # the version read is not the database's
+    assert calls == ["v1"]
 
 
 def test_a_version_that_cannot_be_read_counts_as_changed(clock: Clock):
