@@ -1,6 +1,7 @@
 """The web's launcher (`python -m config.serve`): uvicorn's command line with a server that
-wakes once a second, in one process and in `--workers` children; a real process serves and
-stops on SIGTERM."""
+wakes once a second, in one process and in `--workers` children, and keeps idle connections
+longer than clients do; a real process serves, keeps a connection idle past 5 s, and stops on
+SIGTERM."""
 
 from __future__ import annotations
 
