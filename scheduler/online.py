@@ -42,6 +42,7 @@ from scheduler.kvcost import kv_cost_bytes
 from scheduler.models import Engine
 from scheduler.pools import (
     Route,
+    engine_changes,
     engine_rows_cache,
     enqueue_resyncing,
     fair_queue,
@@ -51,6 +52,8 @@ from scheduler.pools import (
 from tenants.auth import authenticate_bearer
 from tenants.limits import Admission, limits_admit
 from tenants.models import ApiKey
+from tenants.selectors import tenant_get
+from tenants.services import tenant_changes
 from tenants.usage_buffer import usage_push
 
 log = logging.getLogger(__name__)
@@ -95,9 +98,15 @@ class RequestTooLarge(DomainError):
 # route is read again only after an engine's row was saved (the engines' change mark, one
 # Redis read per 2 s), or every GPUSHARE_CHANGE_RECHECK_S whatever happened.
 _routes: TtlCache[Route | None] = engine_rows_cache(ttl_s=2.0)
-# Tenants whose policy this process wrote to the queue lately (a policy change reaches the
-# queue within this time; a queue that lost it is re-taught on the spot, see _enqueue).
-_synced_tenants: TtlCache[None] = TtlCache(ttl_s=5.0)
+# Tenants whose policy this process wrote to the queue lately: written again after 5 s only
+# if a tenant, a key or an engine (a dedicated one counts against the quota) was saved since,
+# and at least every GPUSHARE_CHANGE_RECHECK_S (a queue that lost it is re-taught on the
+# spot, see _enqueue).
+_synced_tenants: TtlCache[None] = TtlCache(
+    ttl_s=5.0,
+    version=lambda: (tenant_changes().count(), engine_changes().count()),
+    max_age_s=settings.GPUSHARE_CHANGE_RECHECK_S,
+)
 
 
 @dataclass(frozen=True)
@@ -273,7 +282,11 @@ def _enqueue(
     body.pop("max_completion_tokens", None)
     queue = fair_queue()
     # Before the limits count the request: a policy not yet cached is read from the database.
-    _synced_tenants.get_or_compute(api_key.tenant_id, lambda: sync_tenant(api_key.tenant, queue))
+    # The row read afresh: the key's cached tenant may predate the save that moved the mark,
+    # and the policy written now is kept until the next save.
+    _synced_tenants.get_or_compute(
+        api_key.tenant_id, lambda: sync_tenant(tenant_get(slug=api_key.tenant.slug), queue)
+    )
     if admission is None:
         admission = limits_admit(tenant=api_key.tenant, estimated_tokens=prompt_tokens + max_tokens)
     job_id = uuid.uuid4().hex

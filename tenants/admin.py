@@ -3,11 +3,11 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils import timezone
 
 from scheduler.units import format_units
 from tenants.keys import new_key_material
 from tenants.models import ApiKey, Tenant, UsageRecord
+from tenants.services import api_keys_revoke
 
 
 class ApiKeyInline(admin.TabularInline[ApiKey, Tenant]):
@@ -93,7 +93,7 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
 
     @admin.action(description="Revoke selected keys")
     def revoke_keys(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        count = api_keys_revoke(api_keys=queryset)
         messages.success(request, f"Revoked {count} key(s).")
 
 

@@ -9,9 +9,10 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import ProtectedError, Q
+from django.db.models import ProtectedError, Q, QuerySet
 from django.utils import timezone
 
+from config.change_marks import ChangeMark
 from config.errors import Conflict, InvalidApiKey
 from config.ttlcache import TtlCache
 from scheduler.request_classes import REQUEST_CLASSES, RequestClass
@@ -140,6 +141,15 @@ def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
     return api_key
 
 
+def api_keys_revoke(*, api_keys: QuerySet[ApiKey]) -> int:
+    """Revokes the keys of `api_keys` not revoked yet, in one statement; how many it revoked."""
+    count = api_keys.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+    # An update sends no signal: the caches of keys must hear of it all the same.
+    tenant_changes().bump()
+    _live_keys.clear()
+    return count
+
+
 def api_key_authenticate(*, raw_key: str) -> ApiKey:
     """The live key behind `raw_key`, with its tenant, or InvalidApiKey.
 
@@ -154,10 +164,23 @@ def api_key_authenticate(*, raw_key: str) -> ApiKey:
     return api_key
 
 
-# Live keys seen in the last few seconds, so the request path does not ask the database each
-# time. A revocation or deactivation made in another process takes effect within this TTL;
-# in this process at once (the writes below clear it).
-_live_keys: TtlCache[ApiKey | None] = TtlCache(settings.GPUSHARE_AUTH_CACHE_S)
+def tenant_changes() -> ChangeMark:
+    """Counts saves and deletes of tenants' and keys' rows (tenants/signals.py; a bulk
+    update bumps it itself): the version of the per-process caches of keys and policies."""
+    return ChangeMark("tenants", recheck_s=settings.GPUSHARE_CHANGE_RECHECK_S)
+
+
+# Live keys, so the request path does not ask the database each time. An entry is trusted
+# for GPUSHARE_AUTH_CACHE_S; then it is read again only if a tenant or a key was saved since
+# (one Redis read; every 5 s the web's loop read the key's row in a thread instead), and at
+# least every GPUSHARE_CHANGE_RECHECK_S. A revocation or deactivation made in another
+# process takes effect within GPUSHARE_AUTH_CACHE_S; in this process at once (the writes
+# below clear it).
+_live_keys: TtlCache[ApiKey | None] = TtlCache(
+    settings.GPUSHARE_AUTH_CACHE_S,
+    version=lambda: tenant_changes().count(),
+    max_age_s=settings.GPUSHARE_CHANGE_RECHECK_S,
+)
 
 
 def _live_key(hashed: str) -> ApiKey | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from scheduler.inference import parse_inference_request
 from scheduler.models import Device, Engine, EngineStatus
 from scheduler.pools import fair_queue, sync_engine
 from tenants.limits import RateLimited
+from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_update
 from tests.factories import TenantFactory
 
@@ -80,6 +82,30 @@ def test_the_first_request_reads_the_database_in_a_thread_the_next_stay_on_the_l
     second = admit(bearer)
     assert hops == []
     assert queued_ids() == [first.job.job_id, second.job.job_id]
+
+
+def test_a_tenants_policy_that_ran_out_is_written_again_only_after_a_save(
+    bearer, hops, monkeypatch
+):
+    """The policy's entry runs out, and is kept while no tenant, key or engine was saved
+    (no trip to a thread); a save made elsewhere reaches the queue at the next run-out."""
+    monkeypatch.setattr(online._synced_tenants, "ttl_s", 0.05)
+    admit(bearer)
+    time.sleep(0.1)
+    hops.clear()
+    admit(bearer)
+    assert hops == []
+    tenant = Tenant.objects.get(slug="acme")  # another process's save
+    tenant.weight = 3
+    tenant.save(update_fields=["weight"])
+    time.sleep(0.1)
+    admitted = admit(bearer)
+    assert hops == ["_enqueue"]
+    assert admitted.job.job_id in queued_ids()
+    queue = fair_queue()
+    weight = queue.redis.hget(queue.keys.tenant("acme"), "weight")
+    assert weight is not None
+    assert float(weight) == 3.0
 
 
 def test_a_step_that_must_ask_the_database_again_goes_to_a_thread(bearer, hops):
