@@ -10,24 +10,29 @@ The job keeps in Redis the count it last acted on, and acts again only when the 
 or when that memory expired: every `recheck_s` a pass runs whatever happened, so a change made
 around the ORM's signals (a queryset.update(), a bump lost while Redis was away) is still seen
 within that time. A Redis that lost its data lost both keys, and the job acts.
+
+The same counts version the per-process caches of those rows (`cache_by_marks`): an entry
+that runs out is read again from the database only when a mark moved since it was computed.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import redis
 from django.db import transaction
 
 from config.redis import redis_client
+from config.ttlcache import TtlCache
 
 log = logging.getLogger(__name__)
 
 PREFIX = "gs:changes:"
 
 _T = TypeVar("_T")
+_V = TypeVar("_V")
 
 
 class ChangeMark:
@@ -54,9 +59,8 @@ class ChangeMark:
             log.warning("could not mark a change of %s", self.name, exc_info=True)
 
     def count(self) -> str:
-        """How many changes were counted so far: a version for caches of the rows
-        (config/ttlcache.py)."""
-        return str(self._client().get(self._count_key) or "0")
+        """How many changes were counted so far."""
+        return counts([self])[0]
 
     def moved(self) -> str | None:
         """The count to hand to `acted_on` when the job must act; None while nothing changed
@@ -83,3 +87,21 @@ class ChangeMark:
         if settled(result):
             self.acted_on(count)
         return result
+
+
+def counts(marks: Sequence[ChangeMark]) -> tuple[str, ...]:
+    """The marks' counts in one round trip (they share the first mark's Redis)."""
+    current = marks[0]._client().mget([mark._count_key for mark in marks])
+    return tuple(str(count or "0") for count in current)
+
+
+def cache_by_marks(ttl_s: float, *marks: Callable[[], ChangeMark]) -> TtlCache[_V]:
+    """A per-process cache of rows the marks count saves of: an entry that runs out after
+    `ttl_s` is read again only when one of the marks moved since (one Redis read), or when
+    the marks' recheck came round whatever happened. The marks are made at each read, so
+    that tests' settings reach them."""
+    return TtlCache(
+        ttl_s,
+        version=lambda: counts([mark() for mark in marks]),
+        max_age_s=min(mark().recheck_s for mark in marks),
+    )

@@ -29,6 +29,7 @@ from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connection
 
 from config.blocking_pops import BlockingPops
+from config.change_marks import cache_by_marks
 from config.errors import DomainError, Forbidden, NotFound
 from config.ttlcache import TtlCache
 from scheduler.fairqueue.domain import Job, JobRejected, JobState
@@ -43,7 +44,6 @@ from scheduler.models import Engine
 from scheduler.pools import (
     Route,
     engine_changes,
-    engine_rows_cache,
     enqueue_resyncing,
     fair_queue,
     route_for,
@@ -97,16 +97,12 @@ class RequestTooLarge(DomainError):
 # is still refused picks by the queue itself at once; only routing lags, by up to 2 s. The
 # route is read again only after an engine's row was saved (the engines' change mark, one
 # Redis read per 2 s), or every GPUSHARE_CHANGE_RECHECK_S whatever happened.
-_routes: TtlCache[Route | None] = engine_rows_cache(ttl_s=2.0)
+_routes: TtlCache[Route | None] = cache_by_marks(2.0, engine_changes)
 # Tenants whose policy this process wrote to the queue lately: written again after 5 s only
 # if a tenant, a key or an engine (a dedicated one counts against the quota) was saved since,
 # and at least every GPUSHARE_CHANGE_RECHECK_S (a queue that lost it is re-taught on the
 # spot, see _enqueue).
-_synced_tenants: TtlCache[None] = TtlCache(
-    ttl_s=5.0,
-    version=lambda: (tenant_changes().count(), engine_changes().count()),
-    max_age_s=settings.GPUSHARE_CHANGE_RECHECK_S,
-)
+_synced_tenants: TtlCache[None] = cache_by_marks(5.0, tenant_changes, engine_changes)
 
 
 @dataclass(frozen=True)

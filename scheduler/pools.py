@@ -21,7 +21,6 @@ from django.conf import settings
 
 from config.change_marks import ChangeMark
 from config.redis import redis_client
-from config.ttlcache import TtlCache
 from scheduler.fairqueue.domain import (
     EnginePolicy,
     JobRejected,
@@ -38,7 +37,6 @@ from tenants.models import Tenant
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-V = TypeVar("V")
 
 
 @cache
@@ -126,19 +124,8 @@ def enqueue_resyncing(
 
 def engine_changes() -> ChangeMark:
     """Counts saves of engines' rows (scheduler.signals), for `sync_engines_if_changed` and
-    `engine_rows_cache`."""
+    the per-process caches of engines' rows (`cache_by_marks`)."""
     return ChangeMark("engines", recheck_s=settings.GPUSHARE_CHANGE_RECHECK_S)
-
-
-def engine_rows_cache(ttl_s: float) -> TtlCache[V]:
-    """A per-process cache of what engines' rows say: an entry that runs out after `ttl_s` is
-    read again only when an engine's row was saved since (the engines' change mark), or
-    every GPUSHARE_CHANGE_RECHECK_S whatever happened."""
-    return TtlCache(
-        ttl_s,
-        version=lambda: engine_changes().count(),
-        max_age_s=settings.GPUSHARE_CHANGE_RECHECK_S,
-    )
 
 
 def sync_engines_if_changed(queue: FairQueue | None = None) -> int | None:

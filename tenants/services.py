@@ -12,7 +12,7 @@ from django.db import transaction
 from django.db.models import ProtectedError, Q, QuerySet
 from django.utils import timezone
 
-from config.change_marks import ChangeMark
+from config.change_marks import ChangeMark, cache_by_marks
 from config.errors import Conflict, InvalidApiKey
 from config.ttlcache import TtlCache
 from scheduler.request_classes import REQUEST_CLASSES, RequestClass
@@ -176,11 +176,7 @@ def tenant_changes() -> ChangeMark:
 # least every GPUSHARE_CHANGE_RECHECK_S. A revocation or deactivation made in another
 # process takes effect within GPUSHARE_AUTH_CACHE_S; in this process at once (the writes
 # below clear it).
-_live_keys: TtlCache[ApiKey | None] = TtlCache(
-    settings.GPUSHARE_AUTH_CACHE_S,
-    version=lambda: tenant_changes().count(),
-    max_age_s=settings.GPUSHARE_CHANGE_RECHECK_S,
-)
+_live_keys: TtlCache[ApiKey | None] = cache_by_marks(settings.GPUSHARE_AUTH_CACHE_S, tenant_changes)
 
 
 def _live_key(hashed: str) -> ApiKey | None:

@@ -9,7 +9,8 @@ import time
 import pytest
 import redis
 
-from config.change_marks import ChangeMark
+from config.change_marks import ChangeMark, cache_by_marks, counts
+from config.ttlcache import TtlCache
 
 pytestmark = pytest.mark.django_db
 
@@ -96,3 +97,29 @@ def test_the_count_moves_with_each_committed_save(
         mark.bump()
         assert mark.count() == "0"  # not before the commit
     assert mark.count() == "1"
+
+
+def test_a_cache_by_two_marks_reads_again_when_either_moved(redis_db: redis.Redis) -> None:
+    """An entry that ran out is computed again only after a save counted by one of its marks
+    (or the marks' recheck); both counts are read in one round trip."""
+    things = ChangeMark("things", recheck_s=30, client=lambda: redis_db)
+    others = ChangeMark("others", recheck_s=20, client=lambda: redis_db)
+    cache: TtlCache[int] = cache_by_marks(0.01, lambda: things, lambda: others)
+    assert cache.max_age_s == 20  # the sooner recheck of the two
+    computed = 0
+
+    def compute() -> int:
+        nonlocal computed
+        computed += 1
+        return computed
+
+    def read() -> int:
+        time.sleep(0.02)  # the entry has run out
+        return cache.get_or_compute("row", compute)
+
+    assert read() == 1
+    assert read() == 1  # ran out, no mark moved: kept
+    for mark, expected in ((things, 2), (others, 3)):
+        mark._incr()  # a committed save
+        assert read() == expected
+    assert counts([things, others]) == ("1", "1")

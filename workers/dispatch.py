@@ -30,13 +30,14 @@ from celery.signals import celeryd_after_setup, worker_shutting_down
 from django.conf import settings
 from django.db import connection
 
+from config.change_marks import cache_by_marks
 from config.ttlcache import TtlCache
 from scheduler.batches import batch_line_finished
 from scheduler.engines.supervisor import engine_check_unreachable, shared_engine_client
 from scheduler.fairqueue.domain import DispatchLoop, Job
 from scheduler.fairqueue.queue import FairQueue, LastWords
 from scheduler.models import Engine
-from scheduler.pools import engine_rows_cache, fair_queue
+from scheduler.pools import engine_changes, fair_queue
 from scheduler.units import UNIT_BYTES
 from tenants.limits import Admission, limits_settle
 from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 # Engines by name, for their address: a moved or removed engine is seen within the TTL (and a
 # job picked for an engine that is gone is given back to its queue). Read again only after an
 # engine's row was saved (its change mark), or every GPUSHARE_CHANGE_RECHECK_S.
-_engines: TtlCache[Engine | None] = engine_rows_cache(ttl_s=5.0)
+_engines: TtlCache[Engine | None] = cache_by_marks(5.0, engine_changes)
 # How long one dispatch task keeps its thread before it hands the pool's remaining work to a
 # new message: a bound on how long its message stays unacknowledged in the broker (far below
 # the visibility timeout). The threads other tasks need are kept free by the loop seats.
