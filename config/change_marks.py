@@ -98,8 +98,8 @@ def counts(marks: Sequence[ChangeMark]) -> tuple[str, ...]:
 def cache_by_marks(ttl_s: float, *marks: Callable[[], ChangeMark]) -> TtlCache[_V]:
     """A per-process cache of rows the marks count saves of: an entry that runs out after
     `ttl_s` is read again only when one of the marks moved since (one Redis read), or when
-    the marks' recheck came round whatever happened. The marks are made at each read, so
-    that tests' settings reach them."""
+    the soonest of the marks' rechecks came round whatever happened (read once, here). The
+    marks are made again at each read, so that tests' settings reach their Redis."""
     return TtlCache(
         ttl_s,
         version=lambda: counts([mark() for mark in marks]),
