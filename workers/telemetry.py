@@ -1,6 +1,6 @@
 """Telemetry samplers: GPUs (pynvml) and engines (vLLM /metrics) into Redis and history.
 
-Every few seconds (Celery beat, `workers.telemetry_sample`):
+Every few seconds (a turn of the workers' ticker, workers/periodic.py, once in the platform):
 
 1. each GPU of this node: SM utilisation (smoothed), memory used/total, temperature, power;
    without an NVIDIA driver there are no GPU readings at all (never zeros);
@@ -15,10 +15,11 @@ Every few seconds (Celery beat, `workers.telemetry_sample`):
 Live values are Redis hashes that expire when nobody refreshes them; history rows go to
 `workers.models` and `telemetry_rollup` downsamples them as they age.
 
-One beat drives one sampler, and it samples the GPUs (and checks the engines) of the node
-whose worker runs it; with several GPU nodes each needs the task routed to a queue of its
-own, which is not done yet. Engines' /metrics are read over HTTP from any node. A tick that
-finds the previous one still running skips it (a Redis lock).
+The worker that claims a turn samples the GPUs (and checks the engines) of its own node.
+With several GPU nodes, each turn goes to the first ticker that asks for it, so the nodes
+share the turns, unevenly: a turn per node (a claim per node) is not done yet. Engines'
+/metrics are read over HTTP from any node. A turn that finds the previous one still running
+skips it (a Redis lock).
 """
 
 from __future__ import annotations
