@@ -58,10 +58,6 @@ class ChangeMark:
         except redis.RedisError:  # the recheck sees the change within recheck_s
             log.warning("could not mark a change of %s", self.name, exc_info=True)
 
-    def count(self) -> str:
-        """How many changes were counted so far."""
-        return counts([self])[0]
-
     def moved(self) -> str | None:
         """The count to hand to `acted_on` when the job must act; None while nothing changed
         since it last acted."""
