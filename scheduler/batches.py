@@ -33,6 +33,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import Count, Q, QuerySet, Sum
 from django.utils import timezone
 
+from config import wire
 from config.change_marks import ChangeMark
 from config.errors import DomainError, Forbidden, NotFound
 from config.redis import redis_client
@@ -163,7 +164,7 @@ def _validate_line(
     if b"\x00" in raw or b"\\u0000" in raw:
         return LineError(number, "invalid_json_line", f"Line {number} contains a NUL character.")
     try:
-        item = json.loads(raw.decode("utf-8"))
+        item = wire.loads_request(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         return LineError(number, "invalid_json_line", f"Line {number} is not valid JSON: {exc}")
     except RecursionError:
@@ -664,7 +665,7 @@ class _Feeder:
                 max_tokens=max_tokens,
                 block_size=route.engine.block_size,
             ),
-            "payload": json.dumps(payload),
+            "payload": wire.dumps(payload),
         }
         try:
             self._enqueue(job_fields, route)

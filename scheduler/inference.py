@@ -8,11 +8,11 @@ OpenAI's do (`param`), so a client sees what to fix.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from config import wire
 from scheduler.request_classes import REQUEST_CLASSES
 
 Endpoint = Literal["chat", "completions"]
@@ -88,10 +88,8 @@ def parse_inference_request(endpoint: Endpoint, body: Any) -> InferenceRequest:
 def _check_unicode(body: dict[str, Any]) -> None:
     """JSON may spell a lone UTF-16 surrogate ("\\ud800"), which no UTF-8 text can hold: the
     engine could never be sent it."""
-    try:
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidRequest("The request holds a lone surrogate; send valid Unicode.") from None
+    if wire.holds_lone_surrogate(body):
+        raise InvalidRequest("The request holds a lone surrogate; send valid Unicode.")
 
 
 def _check_messages(messages: Any) -> None:

@@ -11,7 +11,6 @@ streams). Admission runs on the event loop too, except a step that must ask the 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
@@ -28,6 +27,7 @@ from django.conf import settings
 from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connection
 
+from config import wire
 from config.blocking_pops import BlockingPops
 from config.change_marks import cache_by_marks
 from config.errors import DomainError, Forbidden, NotFound
@@ -132,7 +132,7 @@ def check_body_size(size: int) -> None:
 
 def parse_json_body(body: bytes) -> Any:
     try:
-        return json.loads(body.decode("utf-8"))
+        return wire.loads_request(body.decode("utf-8"))
     except UnicodeDecodeError:
         raise BadRequest("The request body is not valid UTF-8.") from None
     except ValueError as exc:
@@ -310,7 +310,7 @@ def _enqueue(
         "prompt_tokens": prompt_tokens,
         "max_tokens": max_tokens,
         "kv_bytes": kv_bytes,
-        "payload": json.dumps(payload),
+        "payload": wire.dumps(payload),
         "job_id": job_id,
     }
     try:
@@ -425,7 +425,7 @@ async def follow(
                 running, last_event = True, now
             continue
         last_event = now
-        event: dict[str, Any] = json.loads(answer[1])
+        event: dict[str, Any] = wire.loads(answer[1])
         kind = event.get("event")
         if kind in RUN_WORDS:
             if _stale(event, requeues):

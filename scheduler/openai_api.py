@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, MutableMapping
@@ -30,6 +29,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from config import wire
 from config.errors import DomainError, openai_error_body
 from config.metrics import rejection_hook
 from scheduler import online
@@ -79,7 +79,7 @@ class Reply:
 
 
 def json_reply(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Reply:
-    body = json.dumps(payload, separators=(",", ":")).encode()
+    body = wire.dumps_bytes(payload)
     return Reply(status, {"Content-Type": "application/json", **(headers or {})}, body)
 
 
@@ -241,7 +241,7 @@ async def _whole(admitted: online.Admitted, client_gone: asyncio.Event) -> Reply
 
 
 def _sse_data(payload: Any) -> bytes:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+    return b"data: " + wire.dumps_bytes(payload) + b"\n\n"
 
 
 async def _sse(

@@ -18,7 +18,6 @@ the next (release and pick are one step).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -30,6 +29,7 @@ from celery.signals import celeryd_after_setup, worker_shutting_down
 from django.conf import settings
 from django.db import connection
 
+from config import wire
 from config.change_marks import cache_by_marks
 from config.ttlcache import TtlCache
 from scheduler.batches import batch_line_finished
@@ -165,7 +165,7 @@ def _run_one(
     returns; records the job that ran."""
     result = run_picked(queue, job)
     used = (result.prompt_tokens, result.completion_tokens)
-    request = json.loads(job.payload)
+    request = wire.loads(job.payload)
     try:
         words = last_words(job, request, result)
     except Exception:  # the job must still be released, and its waiter answered
@@ -226,7 +226,7 @@ def last_words(job: Job, request: dict[str, Any], result: RunResult) -> LastWord
     to Redis fewer per job). A requeued run has neither: its job runs again."""
     if result.outcome == "requeued":
         return LastWords()
-    row = json.dumps(usage_fields(job, request, result))
+    row = wire.dumps(usage_fields(job, request, result))
     return LastWords(event=result.done_event, outbox=USAGE_PENDING_KEY, entry=row)
 
 

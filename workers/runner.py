@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from config import wire
 from scheduler.engines.client import EngineClient, EngineRequestError, EngineUnavailable
 from scheduler.fairqueue.domain import Job
 from scheduler.fairqueue.queue import FairQueue
@@ -148,7 +149,7 @@ def run_job(
     still reserved when this returns, unless it was requeued or given up: the caller
     releases it with the result's token counts, telling its `done_event` in the same step.
     `on_engine_lost` runs when the engine cannot be reached, before the job is requeued."""
-    request = json.loads(job.payload)
+    request = wire.loads(job.payload)
     keeper = LeaseKeeper(queue, job)
     result = RunResult(outcome="success")
     try:

@@ -12,7 +12,6 @@ CPU per request.
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from config import wire
 from scheduler.engines.metrics import EngineMetrics, parse_engine_metrics
 
 
@@ -121,7 +121,7 @@ class EngineClient:
     def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         status, text = self._kept_alive.post(path, body)
         _raise_for_status(status, text, f"{self.base_url}{path}")
-        result: dict[str, Any] = json.loads(text)
+        result: dict[str, Any] = wire.loads(text)
         return result
 
     def _stream(self, path: str, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -149,7 +149,7 @@ def _sse_events(lines: Iterator[str], url: str) -> Iterator[dict[str, Any]]:
         data = line[len("data:") :].strip()
         if data == "[DONE]":
             return
-        yield json.loads(data)
+        yield wire.loads(data)
     raise EngineUnavailable(f"{url}: the stream ended without [DONE]")
 
 
@@ -222,7 +222,7 @@ class _KeptAliveHttp:
 
     def post(self, path: str, body: dict[str, Any]) -> tuple[int, str]:
         """Sends `body` as JSON; returns the status and the body text."""
-        data = json.dumps(body).encode()
+        data = wire.dumps_bytes(body)
         head = (
             f"POST {self._prefix}{path} HTTP/1.1\r\n{self._headers}"
             f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"

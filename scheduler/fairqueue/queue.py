@@ -57,6 +57,7 @@ from typing import Any
 import redis
 from redis.commands.core import Script
 
+from config import wire
 from scheduler.fairqueue.domain import (
     CheckReport,
     DispatchLoop,
@@ -92,7 +93,7 @@ def _text(value: Any) -> str:
 
 
 def _job_from_json(answer: Any, loop: DispatchLoop | None = None) -> Job:
-    fields = json.loads(answer)
+    fields = wire.loads(answer)
     if loop is not None:
         loop.summon_next = bool(fields.get("summon"))
     return Job.from_hash(fields["job_id"], fields)
@@ -110,7 +111,7 @@ class LastWords:
     entry: str = ""
 
     def args(self) -> list[str]:
-        event = "" if self.event is None else json.dumps(dict(self.event))
+        event = "" if self.event is None else wire.dumps(dict(self.event))
         return [event, self.outbox, self.entry]
 
 
@@ -433,7 +434,7 @@ class FairQueue:
 
     def publish(self, job_id: str, event: Mapping[str, Any]) -> None:
         """Appends an event (JSON) to the job's event list, for its waiter."""
-        key, raw = self.keys.events(job_id), json.dumps(dict(event))
+        key, raw = self.keys.events(job_id), wire.dumps(dict(event))
         if self._raw is None:
             pipe = self.redis.pipeline()
             pipe.rpush(key, raw)
@@ -448,13 +449,13 @@ class FairQueue:
         answer = self.redis.blpop([self.keys.events(job_id)], timeout=timeout_s)
         if answer is None:
             return None
-        event: dict[str, Any] = json.loads(_text(answer[1]))
+        event: dict[str, Any] = wire.loads(_text(answer[1]))
         return event
 
     def events(self, job_id: str) -> list[dict[str, Any]]:
         """The job's events nobody has taken yet, oldest first, left in place."""
         return [
-            json.loads(_text(raw)) for raw in self.redis.lrange(self.keys.events(job_id), 0, -1)
+            wire.loads(_text(raw)) for raw in self.redis.lrange(self.keys.events(job_id), 0, -1)
         ]
 
     def forget_events(self, job_id: str) -> None:

@@ -316,3 +316,13 @@ def test_a_job_past_its_queue_deadline_that_runs_is_followed_as_running(redis_db
     assert queue.pick("p") is not None
     assert online._check_still_coming(admitted, False, past, 0.0) == (past, True)
     assert online._wait_s(past, True, time.time()) == online.EVENTS_WAIT_S
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "1e999", str(2**64), str(-(2**63) - 1)])
+def test_a_number_no_engine_takes_is_400_before_the_key_is_read(number):
+    # Python's json reads these; passed on, NaN would have reached the engine as null
+    # (orjson writes it so) and 2**64 as a float (config/wire.py).
+    content = f'{{"model": "m", "messages": [], "temperature": {number}}}'.encode()
+    response = asgi_request("POST", CHAT, content=content)
+    assert response.status_code == 400
+    assert "not valid JSON" in error_of(response)["message"]
