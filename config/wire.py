@@ -4,7 +4,8 @@ A request's JSON is read and written about a dozen times on its way (the client'
 job's payload in the web and again in the worker, the body sent to the engine and its
 answer, the `done` event, the ledger row, the reply): with the standard library that was a
 fifth of the worker's Python time and a seventh of the web's (py-spy, bench/
-stand_in_overhead.py). orjson does the same work in a third of the time or less.
+stand_in_overhead.py). orjson reads a chat answer in a third of the time and writes it in
+three fifths (measured alone, 1.1 KB).
 
 The two disagree at the edges, and the platform must not change a request on the way:
 - orjson writes NaN and Infinity as null, and reads integers beyond 64 bits as floats;
@@ -12,7 +13,7 @@ The two disagree at the edges, and the platform must not change a request on the
   engine takes), so they never reach the payload.
 - What orjson will not write (a lone surrogate, an integer beyond 64 bits, a key that is
   not a string) is written by the standard library instead, and what it will not read
-  (NaN, a lone surrogate escaped) is read by it: nothing the standard library accepted
+  (NaN, a lone surrogate escaped) is read by it: nothing that passed between the processes
   before fails now.
 """
 
