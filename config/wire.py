@@ -30,20 +30,17 @@ import orjson
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1
 
 
-def dumps(value: Any) -> str:
-    """`value` as compact JSON text."""
-    try:
-        return orjson.dumps(value).decode()
-    except TypeError:  # see the module docstring
-        return json.dumps(value, separators=(",", ":"))
-
-
 def dumps_bytes(value: Any) -> bytes:
     """`value` as compact JSON, UTF-8 encoded."""
     try:
         return orjson.dumps(value)
-    except TypeError:
+    except TypeError:  # see the module docstring
         return json.dumps(value, separators=(",", ":")).encode()
+
+
+def dumps(value: Any) -> str:
+    """`value` as compact JSON text."""
+    return dumps_bytes(value).decode()
 
 
 def loads(data: str | bytes) -> Any:
