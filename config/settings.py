@@ -246,13 +246,16 @@ GPUSHARE_SCHED_LEASE_S = env_float("GPUSHARE_SCHED_LEASE_S", 120.0)
 # How long a finished job's record and event list stay in Redis.
 GPUSHARE_SCHED_KEEP_S = env_int("GPUSHARE_SCHED_KEEP_S", 24 * 3600)
 GPUSHARE_SCHED_KEY_PREFIX = env_str("GPUSHARE_SCHED_KEY_PREFIX", "gs:fq:")
-# A worker's dispatch loop with nothing to run waits this long for new work (handed to it
-# through Redis, without a Celery message) before it ends and frees its thread.
+# A worker's picker of a pool with nothing to run waits this long for new work (handed to it
+# through Redis, without a Celery message) before it ends.
 GPUSHARE_DISPATCH_IDLE_S = env_float("GPUSHARE_DISPATCH_IDLE_S", 60.0)
-# Threads of each worker process that dispatch loops leave free for every other task (engine
-# starts and stops, batch kicks): the process runs at most its thread count less
-# these as loops (at least one).
-GPUSHARE_WORKER_FREE_THREADS = env_int("GPUSHARE_WORKER_FREE_THREADS", 2)
+# The most engine calls one worker process holds at once (a safety bound: the engines' seats
+# and KV budgets, enforced by the fair queue, are what bound them in practice). Beyond it the
+# process stops picking and the pool's other workers are summoned.
+GPUSHARE_WORKER_MAX_RUNS = env_int("GPUSHARE_WORKER_MAX_RUNS", 1024)
+# How long a worker that stops (warm shutdown) lets its running jobs finish before it gives
+# them back to the queue.
+GPUSHARE_WORKER_DRAIN_S = env_float("GPUSHARE_WORKER_DRAIN_S", 30.0)
 
 # --- Online path (issue 5) ------------------------------------------------------------
 # Largest JSON body the OpenAI-compatible API accepts (413 above it).

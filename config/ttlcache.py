@@ -9,10 +9,13 @@ old value for the moment that takes: under load, every thread of a pool used to 
 entry gone at the same instant and ask the database the same question at once (measured in
 the worker: the engine lookup of every running job, each time the entry ran out).
 
-Every compute reads the database, so none starts on a thread that runs an event loop (the
-web's): Django would refuse it there too, but only after the ORM had built and compiled the
-query. The caller redoes the step in a thread (scheduler.online.admit), which refreshes the
-entry; the loop uses fresh entries, and checks a version, on its own.
+A refresh reads the entry's version (Redis) and, when need be, computes it again (the
+database): both block their thread, so no refresh starts on a thread that runs an event loop
+(the web's). There an entry that is fresh, or that another thread is refreshing, is used;
+anything else raises Django's SynchronousOnlyOperation before anything is read, and the caller
+redoes the step in a thread (scheduler.online), which refreshes the entry for the loop's next
+use. (Django refuses the compute's query on a loop too, but only once the ORM has built and
+compiled it; the version read it does not refuse at all.)
 """
 
 from __future__ import annotations
@@ -31,11 +34,14 @@ V = TypeVar("V")
 # equals no version, so the entry is computed again when it runs out.
 _UNKNOWN = object()
 
-# Django's own rule (and its DJANGO_ALLOW_ASYNC_UNSAFE), applied before the compute starts.
-# Under load the web built and compiled the key lookup's query on its loop for nothing, for
-# every request that came while an entry waited for its refresh: a fifth of the web's CPU
-# (py-spy, bench/online_overhead.py; docs/BENCHMARKS.md, 2026-12-03, fourth session).
-_not_on_a_loop = async_unsafe("A cache entry is computed from the database, not on an event loop.")
+
+@async_unsafe("A cache entry is refreshed from Redis and the database, not on an event loop.")
+def _refuse_on_a_loop() -> None:
+    """Django's own rule (and its DJANGO_ALLOW_ASYNC_UNSAFE), applied before a refresh starts:
+    the version read is a Redis round trip that Django does not guard, and a compute started
+    on the loop builds and compiles its query before Django refuses it (for every request
+    that comes while an entry waits for its refresh: measured at a fifth of the web's CPU,
+    py-spy, bench/online_overhead.py; docs/BENCHMARKS.md, 2026-12-03, fourth session)."""
 
 
 class _Entry(NamedTuple, Generic[V]):
@@ -70,13 +76,14 @@ class TtlCache(Generic[V]):
                 return hit.value
             if hit is not None and key in self._refreshing:
                 return hit.value  # another thread is refreshing it: the old value meanwhile
+            _refuse_on_a_loop()  # nothing read, and the key not marked as refreshing
             self._refreshing.add(key)
         try:
             version = self._current_version()  # before computing: a change meanwhile shows
             if hit is not None and self._still_valid(hit, version, now):
                 value, computed_at = hit.value, hit.computed_at
             else:
-                value, computed_at = _not_on_a_loop(compute)(), now
+                value, computed_at = compute(), now
         finally:
             with self._lock:
                 self._refreshing.discard(key)

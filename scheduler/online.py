@@ -4,8 +4,11 @@
     -> bound max_tokens by the model's length -> KV cost -> rate limits -> enqueue -> wait
 
 The waiting side is asynchronous (no thread is held while a request waits in the queue or
-streams). Admission runs on the event loop too, except a step that must ask the database
-(nothing cached): that one runs in a thread pool (see `admit`).
+streams). Admission runs on the event loop too. The loop never blocks: Redis is asked through
+the asyncio client (`config.aio_redis`: the fair queue's scripts, the limits' script, the
+events), and whatever is synchronous (the database, a cache refresh, a Celery message, a
+ledger row) runs in a thread of the loop's pool (`_in_thread`), or is handed to one and not
+waited for (`_in_background`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import httpx
 import redis
@@ -28,11 +31,13 @@ from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connection
 
 from config import wire
-from config.blocking_pops import BlockingPops
+from config.aio_redis import AsyncRedis
 from config.change_marks import cache_by_marks
 from config.errors import DomainError, Forbidden, NotFound
 from config.ttlcache import TtlCache
+from scheduler.fairqueue.aio import AsyncFairQueue
 from scheduler.fairqueue.domain import Job, JobRejected, JobState
+from scheduler.fairqueue.queue import FairQueue
 from scheduler.inference import (
     InferenceRequest,
     bounded_prompt_tokens,
@@ -44,14 +49,15 @@ from scheduler.models import Engine
 from scheduler.pools import (
     Route,
     engine_changes,
-    enqueue_resyncing,
     fair_queue,
+    resync,
+    resync_helps,
     route_for,
     sync_tenant,
 )
 from tenants.auth import authenticate_bearer
-from tenants.limits import Admission, limits_admit
-from tenants.models import ApiKey
+from tenants.limits import limits_admit_async
+from tenants.models import ApiKey, Tenant
 from tenants.selectors import tenant_get
 from tenants.services import tenant_changes
 from tenants.usage_buffer import usage_push
@@ -142,7 +148,8 @@ def parse_json_body(body: bytes) -> Any:
 
 
 def _prepare(authorization: str, request: InferenceRequest, class_header: str) -> _Prepared:
-    """Everything that needs the database, in one trip to the sync thread."""
+    """The key, the class and the route: from the caches on the loop; in one trip to a
+    thread when one of them must be read again (see `_here_or_in_thread`)."""
     api_key = authenticate_bearer(authorization)
     tenant = api_key.tenant
     request_class = class_header or request.request_class or api_key.default_class
@@ -171,39 +178,50 @@ def _prepare(authorization: str, request: InferenceRequest, class_header: str) -
     return _Prepared(api_key, request, request_class, route)
 
 
-# Keyed by the loop itself (weakly): a client is bound to the loop it was made on.
-_loop_clients: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, BlockingPops]
-] = weakref.WeakKeyDictionary()
+class _LoopState(NamedTuple):
+    """The clients of one event loop (a client is bound to the loop it was made on)."""
+
+    http: httpx.AsyncClient
+    redis: AsyncRedis  # the waits for events (BLPOP) and every command the loop sends
+    queue: AsyncFairQueue  # the fair queue's scripts, over `redis`
+
+
+# Keyed by the loop itself (weakly).
+_loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 # How long past BLPOP's own timeout (1 s) the web waits for Redis's reply: this only catches
 # a connection that died silently. It must be far above any stall of the process: a BLPOP
 # reply that arrives while the process is stalled past it is lost (Redis popped the event,
 # the client drops the connection), and a machine busy with CPU engines stalls for seconds.
+# The loop's other commands share the client, and so the margin.
 EVENTS_READ_TIMEOUT_S = 60.0
 
+# Connections beyond one per waiting request, for the commands in flight (admissions'
+# scripts, cancels): with as many requests waiting as the loop lets wait, a command then
+# still finds a connection, where otherwise it would wait for a wait to end (up to
+# EVENTS_WAIT_S). Past both, a call waits for a connection to come back.
+COMMAND_CONNECTIONS = 100
 
-def _loop_state() -> tuple[httpx.AsyncClient, BlockingPops]:
-    """An HTTP client and the job events' reader for the running event loop, made once: a
-    new HTTP client costs tens of ms of CPU (TLS context), a new reader new connections."""
+
+def _loop_state() -> _LoopState:
+    """The clients of the running event loop, made once: a new HTTP client costs tens of ms
+    of CPU (TLS context), a new Redis client new connections."""
     loop = asyncio.get_running_loop()
     state = _loop_clients.get(loop)
     if state is None:
         http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=64))
         # Each waiting request holds a connection in BLPOP: the pool must have room for all
         # of them (redis-py's default, 100, failed requests beyond the hundredth).
-        events = BlockingPops(
+        client = AsyncRedis(
             settings.REDIS_URL,
-            max_connections=settings.GPUSHARE_MAX_WAITING_REQUESTS,
+            max_connections=settings.GPUSHARE_MAX_WAITING_REQUESTS + COMMAND_CONNECTIONS,
             read_timeout_s=EVENTS_READ_TIMEOUT_S,
         )
-        state = _loop_clients[loop] = (http, events)
+        state = _loop_clients[loop] = _LoopState(http, client, AsyncFairQueue(fair_queue(), client))
     return state
-
-
-def _loop_http() -> httpx.AsyncClient:
-    return _loop_state()[0]
 
 
 def known_prompt_tokens(request: InferenceRequest, engine: Engine) -> int | None:
@@ -224,7 +242,7 @@ async def count_prompt_tokens(request: InferenceRequest, engine: Engine) -> int:
     request's, first come first served, in front of the fair queue; a flood of one tenant
     then delayed everyone's admission, and the engine's CPU went to counting."""
     try:
-        response = await _loop_http().post(
+        response = await _loop_state().http.post(
             f"{engine.base_url}/tokenize", json=tokenize_request_body(request), timeout=5.0
         )
         if response.status_code == 200:
@@ -249,42 +267,22 @@ def bounded_max_tokens(request: InferenceRequest, prompt_tokens: int, max_model_
     return request.max_tokens if request.max_tokens is not None else room
 
 
-class _FinishInThread(Exception):
-    """Raised by `_enqueue` on the event loop when the rest of it must ask the database (the
-    queue lost the tenant or the engine and must be told again), after the request was
-    counted against the tenant's limits: the thread that finishes it must not count it again."""
-
-    def __init__(self, admission: Admission) -> None:
-        super().__init__("the enqueue must finish in a thread")
-        self.admission = admission
-
-
-def _enqueue(
-    prepared: _Prepared,
-    prompt_tokens: int,
-    received_at: float,
-    admission: Admission | None = None,
-) -> Admitted:
-    """Counts the request against its tenant's limits (unless `admission` says it was
-    already) and puts it in the fair queue. Until the limits are counted, whatever asks the
-    database on the event loop raises SynchronousOnlyOperation with nothing done; after, it
-    raises `_FinishInThread` (see `admit`)."""
-    from workers.tasks import dispatch  # workers import this app, not the other way round
-
+async def _enqueue(prepared: _Prepared, prompt_tokens: int, received_at: float) -> Admitted:
+    """Counts the request against its tenant's limits and puts it in the fair queue."""
     api_key, request, route = prepared.api_key, prepared.request, prepared.route
-    engine = route.engine
+    engine, tenant = route.engine, api_key.tenant
     max_tokens = bounded_max_tokens(request, prompt_tokens, engine.max_model_len)
     body = {**request.body, "max_tokens": max_tokens}
     body.pop("max_completion_tokens", None)
-    queue = fair_queue()
-    # Before the limits count the request: a policy not yet cached is read from the database.
-    # The row read afresh: the key's cached tenant may predate the save that moved the mark,
-    # and the policy written now is kept until the next save.
-    _synced_tenants.get_or_compute(
-        api_key.tenant_id, lambda: sync_tenant(tenant_get(slug=api_key.tenant.slug), queue)
+    state = _loop_state()
+    # Before the limits count the request: a policy not yet cached is written first.
+    await _here_or_in_thread(_sync_policy, api_key, state.queue.queue)
+    admission = await limits_admit_async(
+        tenant=tenant,
+        estimated_tokens=prompt_tokens + max_tokens,
+        client=state.redis,
+        in_thread=_in_thread,
     )
-    if admission is None:
-        admission = limits_admit(tenant=api_key.tenant, estimated_tokens=prompt_tokens + max_tokens)
     job_id = uuid.uuid4().hex
     payload = {
         "endpoint": request.endpoint,
@@ -304,7 +302,7 @@ def _enqueue(
         block_size=engine.block_size,
     )
     job_fields: dict[str, Any] = {
-        "tenant": api_key.tenant.slug,
+        "tenant": tenant.slug,
         "pool": route.pool,
         "request_class": prepared.request_class,
         "prompt_tokens": prompt_tokens,
@@ -313,20 +311,61 @@ def _enqueue(
         "payload": wire.dumps(payload),
         "job_id": job_id,
     }
+    # A task of its own, shielded: a client that leaves meanwhile does not cut the script's
+    # call short, which would leave a job queued that nobody waits for (a task and a shield:
+    # about 5 us of CPU under uvloop).
+    queuing = asyncio.ensure_future(_queue_job(state.queue, job_fields, engine, tenant))
     try:
-        job, summon = enqueue_resyncing(
-            lambda: queue.enqueue_summoning(**job_fields),
-            engine=engine,
-            tenant=api_key.tenant,
-            queue=queue,
-        )
+        job, summon = await asyncio.shield(queuing)
+    except asyncio.CancelledError:
+        _keep(f"the cancel of job {job_id}", asyncio.ensure_future(_cancel_once_queued(queuing)))
+        raise
     except JobRejected as exc:
         raise _rejection(exc) from None
-    except SynchronousOnlyOperation:
-        raise _FinishInThread(admission) from None
     if summon:  # no dispatch loop was waiting for work: start one
-        dispatch.delay(route.pool)
+        _in_background(f"summoning a dispatch loop of {route.pool}", _summon, route.pool)
     return Admitted(job, request, api_key.tenant_id, api_key.pk, received_at)
+
+
+async def _queue_job(
+    queue: AsyncFairQueue, job_fields: dict[str, Any], engine: Engine, tenant: Tenant
+) -> tuple[Job, bool]:
+    """`scheduler.pools.enqueue_resyncing`, from the loop: when the queue lost the tenant or
+    has not heard of the engine yet, it is told from the database (in a thread), then asked
+    once more."""
+    try:
+        return await queue.enqueue_summoning(**job_fields)
+    except JobRejected as exc:
+        if not resync_helps(exc):
+            raise
+    await _in_thread(resync, engine, tenant, queue.queue)
+    return await queue.enqueue_summoning(**job_fields)
+
+
+async def _cancel_once_queued(queuing: asyncio.Future[tuple[Job, bool]]) -> None:
+    """The client left while its job was being queued: the job is cancelled once it is."""
+    try:
+        job, _ = await queuing
+    except JobRejected:  # nothing was queued
+        return
+    await _loop_state().queue.cancel(job.job_id, reason="client_gone")
+
+
+def _sync_policy(api_key: ApiKey, queue: FairQueue) -> None:
+    """The tenant's policy in the queue (see `_synced_tenants`), read afresh from its row: the
+    key's cached tenant may predate the save that moved the mark, and the policy written now
+    is kept until the next save."""
+    _synced_tenants.get_or_compute(
+        api_key.tenant_id, lambda: sync_tenant(tenant_get(slug=api_key.tenant.slug), queue)
+    )
+
+
+def _summon(pool: str) -> None:
+    """Starts a dispatch loop for `pool` (a Celery message). A message that is lost leaves the
+    job queued until housekeeping's kick summons a loop for the pool's waiting work."""
+    from workers.tasks import dispatch  # workers import this app, not the other way round
+
+    dispatch.delay(pool)
 
 
 def _rejection(exc: JobRejected) -> DomainError:
@@ -345,27 +384,29 @@ def _rejection(exc: JobRejected) -> DomainError:
 
 
 async def admit(*, authorization: str, request: InferenceRequest, class_header: str) -> Admitted:
-    """Admission on the event loop, when it needs nothing from the database (the key, the
-    route and the tenant's policy are cached: nearly every request). The step that must ask
-    the database runs in a thread instead: Django refuses a query on the loop with
-    SynchronousOnlyOperation before anything is done, which is the signal. The hop to a
-    thread and back (GIL hand-offs, a wake-up of the loop) was a sixth of the web's CPU per
-    request (docs/BENCHMARKS.md, 2026-12-02). The queue's and the limits' Redis calls do run
-    on the loop: one round trip each, as the waits that follow are."""
+    """Admission on the event loop. What is cached (the key, the route, the tenant's policy:
+    nearly every request) is read there, and Redis is asked through the loop's asyncio client
+    (the limits' script, then the queue's: one round trip each, as the waits that follow
+    are). A step that must ask the database, or refresh a cache entry, runs in a thread
+    instead: it raises SynchronousOnlyOperation on the loop before anything is done, which is
+    the signal (`_here_or_in_thread`). The hop to a thread and back (GIL hand-offs, a wake-up
+    of the loop) costs a sixth of the web's CPU per request (docs/BENCHMARKS.md, 2026-12-02):
+    it is made only then."""
     received_at = time.time()
-    try:
-        prepared = _prepare(authorization, request, class_header)
-    except SynchronousOnlyOperation:  # a key, a route or a key's last use to read or write
-        prepared = await _in_thread(_prepare, authorization, request, class_header)
+    prepared = await _here_or_in_thread(_prepare, authorization, request, class_header)
     prompt_tokens = known_prompt_tokens(request, prepared.route.engine)
     if prompt_tokens is None:
         prompt_tokens = await count_prompt_tokens(request, prepared.route.engine)
+    return await _enqueue(prepared, prompt_tokens, received_at)
+
+
+async def _here_or_in_thread(work: Callable[..., _T], *args: Any) -> _T:
+    """`work(*args)` on the loop; in a thread when it raises SynchronousOnlyOperation there,
+    which it does before it has done anything (a query, a cache refresh: `config.ttlcache`)."""
     try:
-        return _enqueue(prepared, prompt_tokens, received_at)
-    except SynchronousOnlyOperation:  # nothing counted yet
-        return await _in_thread(_enqueue, prepared, prompt_tokens, received_at)
-    except _FinishInThread as rest:  # counted: the thread does not count it again
-        return await _in_thread(_enqueue, prepared, prompt_tokens, received_at, rest.admission)
+        return work(*args)
+    except SynchronousOnlyOperation:
+        return await _in_thread(work, *args)
 
 
 async def _in_thread(work: Callable[..., _T], *args: Any) -> _T:
@@ -373,7 +414,7 @@ async def _in_thread(work: Callable[..., _T], *args: Any) -> _T:
     requests are admitted side by side). The thread hands its database connection back to
     the pool when done: the request may now wait and stream for minutes without it, and
     holding one per waiting request would exhaust the pool under load. (The loop's own
-    executor, not asgiref's `sync_to_async`: its extra bookkeeping cost 47 us of CPU per
+    executor, not asgiref's `sync_to_async`: its extra bookkeeping costs 47 us of CPU per
     trip, 123 against 76, and none of it is needed here: no thread-sensitive code runs.)"""
 
     def run() -> _T:
@@ -383,6 +424,38 @@ async def _in_thread(work: Callable[..., _T], *args: Any) -> _T:
             connection.close()
 
     return await asyncio.get_running_loop().run_in_executor(None, run)
+
+
+# Work handed off and not waited for (a job's cancel, a Celery message, a ledger row), kept
+# until it is done: the loop holds only a weak reference to a task, which could otherwise
+# be collected before it ran.
+_background: set[asyncio.Future[Any]] = set()
+
+
+def _keep(what: str, future: asyncio.Future[Any]) -> None:
+    _background.add(future)
+    future.add_done_callback(lambda done: _forget(what, done))
+
+
+def _forget(what: str, future: asyncio.Future[Any]) -> None:
+    _background.discard(future)
+    if future.cancelled():  # the loop stopped first
+        log.info("%s: not done, the event loop stopped", what)
+    elif (exc := future.exception()) is not None:
+        log.warning("%s failed", what, exc_info=exc)
+
+
+def _in_background(what: str, work: Callable[..., Any], *args: Any) -> None:
+    """`work(*args)` (synchronous) in a thread of the running loop's pool, not waited for;
+    an error is logged."""
+    _keep(what, asyncio.get_running_loop().run_in_executor(None, work, *args))
+
+
+async def background_done() -> None:
+    """Waits until the work this loop handed off so far is done."""
+    loop = asyncio.get_running_loop()
+    while mine := {future for future in _background if future.get_loop() is loop}:
+        await asyncio.wait(mine)
 
 
 # Events that end a job's story for its waiter.
@@ -399,16 +472,15 @@ async def follow(
     `_stale`). Ends with CancelledError once `client_gone` is set (at the latest when the
     wait under way ends, see `_wait_s`), so the caller's clean-up cancels the job even if the
     task's own cancellation was lost."""
-    queue = fair_queue()
-    key = queue.keys.events(admitted.job.job_id)
+    state = _loop_state()
+    key = state.queue.keys.events(admitted.job.job_id)
     requeues = 0
     running = False  # its current run has spoken, or the queue said it runs
     deadline = admitted.job.deadline  # a requeue gives the job a fresh one
     last_event = time.time()
-    pops = _loop_state()[1]  # BLPOP holds one of its connections while it waits
     while True:
-        try:
-            answer = await pops.blpop(key, _wait_s(deadline, running, time.time()))
+        try:  # BLPOP holds one of the client's connections while it waits
+            answer = await state.redis.blpop(key, _wait_s(deadline, running, time.time()))
         except redis.TimeoutError:
             # The reply is late past its margin: the machine stalled (a CPU engine starting
             # can freeze two cores for seconds). Not news, and not a reason to fail the
@@ -418,7 +490,7 @@ async def follow(
             raise asyncio.CancelledError
         now = time.time()
         if answer is None:
-            deadline, found_running = _check_still_coming(
+            deadline, found_running = await _check_still_coming(
                 admitted, running, deadline, now - last_event
             )
             if found_running and not running:
@@ -465,7 +537,7 @@ def _wait_s(deadline: float, running: bool, now: float) -> int:
     return max(1, min(EVENTS_WAIT_S, math.ceil(until_deadline)))
 
 
-def _check_still_coming(
+async def _check_still_coming(
     admitted: Admitted, running: bool, deadline: float, silent_s: float
 ) -> tuple[float, bool]:
     """Called after each wait without news: a queued job past its deadline is timed out here
@@ -474,20 +546,20 @@ def _check_still_coming(
     fresh one, which its record in the queue has: the wait that was over was not its fault),
     and whether the job runs: one past its deadline that the queue says runs has not spoken
     yet (an answer that is not streamed speaks once, at its end)."""
-    job_id = admitted.job.job_id
+    job_id, queue = admitted.job.job_id, _loop_state().queue
     now = time.time()
     if not running and now > deadline + 1.0:
-        job = fair_queue().get_job(job_id)
+        job = await queue.get_job(job_id)
         if job is not None and job.state == JobState.RUNNING:
             return deadline, True
         if job is not None and job.state == JobState.QUEUED:
             if now <= job.deadline + 1.0:
                 return job.deadline, False
-            fair_queue().cancel(job_id, reason="queue_timeout")
+            await queue.cancel(job_id, reason="queue_timeout")
             raise _queue_timeout(admitted)
     generate_s = float(settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S)
     if running and silent_s > generate_s:
-        fair_queue().cancel(job_id, reason="engine_silent")
+        await queue.cancel(job_id, reason="engine_silent")
         raise Unavailable("The engine stopped answering this request; please retry.")
     return deadline, running
 
@@ -507,24 +579,28 @@ def expired_error(admitted: Admitted) -> QueueTimeout:
 
 def record_broken_stream(admitted: Admitted, chunks_sent: int) -> None:
     """A stream whose run was lost after it had sent chunks ends with an error; nobody else
-    writes its ledger row (the rerun is cancelled), so the web does, with what was sent."""
+    writes its ledger row (the rerun is cancelled), so the web does, with what was sent (a
+    Redis write, handed to a thread: see `_in_background`)."""
     job, now = admitted.job, time.time()
-    usage_push(
-        {
-            "request_id": job.job_id, "tenant_id": admitted.tenant_id,
-            "api_key_id": admitted.api_key_id, "model": admitted.request.model, "engine": "",
-            "request_class": job.request_class, "endpoint": admitted.request.endpoint,
-            "outcome": "error", "status_code": 503, "prompt_tokens": job.prompt_tokens,
-            "completion_tokens": chunks_sent, "error_code": "stream_broken",
-            "latency_ms": int((now - admitted.received_at) * 1000),
-            "finished_at": datetime.fromtimestamp(now, tz=UTC).isoformat(),
-        }
-    )  # fmt: skip
+    row = {
+        "request_id": job.job_id, "tenant_id": admitted.tenant_id,
+        "api_key_id": admitted.api_key_id, "model": admitted.request.model, "engine": "",
+        "request_class": job.request_class, "endpoint": admitted.request.endpoint,
+        "outcome": "error", "status_code": 503, "prompt_tokens": job.prompt_tokens,
+        "completion_tokens": chunks_sent, "error_code": "stream_broken",
+        "latency_ms": int((now - admitted.received_at) * 1000),
+        "finished_at": datetime.fromtimestamp(now, tz=UTC).isoformat(),
+    }  # fmt: skip
+    _in_background(f"the ledger row of job {job.job_id}", usage_push, row)
 
 
 def cancel(admitted: Admitted, reason: str) -> None:
-    """The waiter went away: free the job's place or its engine slot (sync, quick)."""
+    """The waiter went away: frees the job's place or its engine slot. Called from `finally:`
+    blocks, the waiter's task cancelled or not: the cancel runs as a task of its own (an
+    error is logged), and this returns at once."""
+    job_id = admitted.job.job_id
     try:
-        fair_queue().cancel(admitted.job.job_id, reason=reason)
+        cancelling = _loop_state().queue.cancel(job_id, reason=reason)
+        _keep(f"the cancel of job {job_id}", asyncio.ensure_future(cancelling))
     except Exception:
-        log.warning("could not cancel job %s", admitted.job.job_id, exc_info=True)
+        log.warning("could not cancel job %s", job_id, exc_info=True)

@@ -6,8 +6,9 @@ holds no thread meanwhile. They skip Django's request handling on purpose: Djang
 middleware that is not natively async (sessions, CSRF, auth, messages, ...) through a hop to
 a thread and back, in a thread made for each request, and closes each response through one
 more; on this path that was most of the web's CPU per request (bench/online_overhead.py,
-README "Measurements"), for middleware a bearer-key JSON API does not use. The database work
-of admission runs in a thread pool (`scheduler.online`); everything else is async.
+README "Measurements"), for middleware a bearer-key JSON API does not use. Nothing here
+blocks the event loop: Redis is asked through an asyncio client, and the database and other
+synchronous work run in a thread pool (`scheduler.online`).
 
 `/v1/models` stays a DRF view. Errors are OpenAI-shaped, always.
 """
@@ -235,7 +236,7 @@ async def _whole(admitted: online.Admitted, client_gone: asyncio.Event) -> Reply
                 finished = True
                 return error_reply(online.Unavailable("The request was cancelled."))
         raise online.Unavailable("The request ended without an answer.")
-    finally:
+    finally:  # also when the task is cancelled: the cancel is a task of its own
         if not finished:
             online.cancel(admitted, "client_gone")
 

@@ -107,19 +107,30 @@ def enqueue_resyncing(
 ) -> T:
     """Runs `enqueue`; when the queue has not heard of the engine or the tenant (the engine
     became ready since the last sync; Redis lost its data, even between a caller's own sync
-    and this call), tells it both and tries once more."""
+    and this call), tells it both and tries once more. (The web's event loop does the same
+    with the queue's asyncio client: `scheduler.online`.)"""
     try:
         return enqueue()
     except JobRejected as exc:
-        if exc.reason not in ("no_engine", "unknown_tenant"):
+        if not resync_helps(exc):
             raise
-    # The caller's row may be cached (the web's routes): read it again, so that a row read
-    # before the engine drained or failed does not bring it back into the picks.
+    resync(engine, tenant, queue)
+    return enqueue()
+
+
+def resync_helps(exc: JobRejected) -> bool:
+    """Whether the queue refused a job for want of its engine's or its tenant's policy."""
+    return exc.reason in ("no_engine", "unknown_tenant")
+
+
+def resync(engine: Engine, tenant: Tenant, queue: FairQueue) -> None:
+    """Tells the queue the engine's and the tenant's policies, read afresh from the database.
+    The caller's row may be cached (the web's routes): read again, a row read before the
+    engine drained or failed does not bring it back into the picks."""
     fresh = Engine.objects.select_related("dedicated_tenant").filter(pk=engine.pk).first()
     if fresh is not None:
         sync_engine(fresh, queue)
     sync_tenant(tenant, queue)
-    return enqueue()
 
 
 def engine_changes() -> ChangeMark:

@@ -8,21 +8,29 @@ smooths the burst a fixed window allows at each minute boundary.
 Tokens are counted first as the request's estimate (prompt + max_tokens, the most it can use)
 and settled to the real count when it ends, so tpm and the budget are never under-counted
 while a request runs. The budget counter is seeded from the usage ledger when Redis does not
-have it (after a Redis restart), so a restart does not reset anyone's budget.
+have it (after a Redis restart), so a restart does not reset anyone's budget: the script says
+so (`seed`) and counts nothing, the caller seeds the counter and runs it again.
+
+Two ways to run the same check: `limits_admit` (sync: batches, and any thread) and
+`limits_admit_async` (the web's event loop: Redis through its asyncio client, the ledger read
+in a thread). Both build the script's arguments and read its verdict through `_Check`.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
+from typing import Any
 
 from django.conf import settings
 from django.db.models import Sum
 from redis.commands.core import Script
 
+from config.aio_redis import AsyncRedis
 from config.errors import DomainError
 from config.redis import redis_client
 from tenants.models import BudgetPeriod, Tenant, UsageRecord
@@ -34,6 +42,7 @@ _ADMIT = """
 local prefix, tenant = ARGV[1], ARGV[2]
 local now, rpm, tpm = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local tokens, budget, budget_key = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
+local seeded = ARGV[9] == '1'
 local minute = math.floor(now / 60)
 local overlap = 1 - (now - minute * 60) / 60
 local function count(kind, m)
@@ -45,8 +54,10 @@ end
 local retry = math.ceil((minute + 1) * 60 - now)
 if rpm > 0 and recent('req') + 1 > rpm then return {'rpm', retry} end
 if tpm > 0 and recent('tok') + tokens > tpm then return {'tpm', retry} end
-if budget > 0 and tonumber(redis.call('GET', budget_key) or 0) + tokens > budget then
-  return {'budget', 0}
+if budget > 0 then
+  local used = redis.call('GET', budget_key)
+  if not used and not seeded then return {'seed', 0} end
+  if tonumber(used or 0) + tokens > budget then return {'budget', 0} end
 end
 for _, kind in ipairs({'req', 'tok'}) do
   local key = prefix .. tenant .. ':' .. kind .. ':' .. minute
@@ -113,47 +124,116 @@ def _budget_key(tenant: Tenant, now: datetime) -> str:
     return f"{PREFIX}{tenant.pk}:budget:{start:%Y%m%d}"
 
 
-def _seed_budget(tenant: Tenant, key: str, now: datetime) -> None:
-    client = redis_client()
-    if client.exists(key):
-        return
-    since = budget_period_start(tenant.budget_period, now)
-    used = UsageRecord.objects.filter(tenant=tenant, finished_at__gte=since).aggregate(
-        tokens=Sum("prompt_tokens") + Sum("completion_tokens")
-    )["tokens"]
-    # NX: a concurrent seeder or a request that already counted wins.
-    client.set(key, int(used or 0), nx=True, ex=40 * 24 * 3600)
+@dataclass(frozen=True)
+class _Check:
+    """One request's check against its tenant's limits: the script's arguments, and what its
+    answer means."""
+
+    tenant: Tenant
+    estimated_tokens: int
+    moment: float
+    budget_key: str | None
+
+    @classmethod
+    def of(cls, tenant: Tenant, estimated_tokens: int, now: float | None) -> _Check:
+        moment = time.time() if now is None else now
+        budget_key = None
+        if tenant.token_budget:
+            budget_key = _budget_key(tenant, datetime.fromtimestamp(moment, tz=UTC))
+        return cls(tenant, estimated_tokens, moment, budget_key)
+
+    @property
+    def limited(self) -> bool:
+        """False for a tenant without limits: nothing to count, no round trip to Redis."""
+        tenant = self.tenant
+        return bool(tenant.rpm_limit or tenant.tpm_limit or tenant.token_budget)
+
+    def args(self, *, seeded: bool) -> list[str | int]:
+        """The script's arguments; `seeded`: the budget's counter was just seeded, so a
+        missing one counts as zero rather than asking for a seed again."""
+        tenant = self.tenant
+        return [PREFIX, tenant.pk, repr(self.moment), tenant.rpm_limit or 0,
+                tenant.tpm_limit or 0, self.estimated_tokens, tenant.token_budget or 0,
+                self.budget_key or "", "1" if seeded else ""]  # fmt: skip
+
+    def seed(self) -> None:
+        """The budget's counter from the ledger, where the script found none (Redis lost it,
+        or the period is new): a database read, and the sync Redis client."""
+        assert self.budget_key is not None  # only a budget asks for a seed
+        tenant = self.tenant
+        since = budget_period_start(
+            tenant.budget_period, datetime.fromtimestamp(self.moment, tz=UTC)
+        )
+        used = UsageRecord.objects.filter(tenant=tenant, finished_at__gte=since).aggregate(
+            tokens=Sum("prompt_tokens") + Sum("completion_tokens")
+        )["tokens"]
+        # NX: a concurrent seeder or a request that already counted wins.
+        redis_client().set(self.budget_key, int(used or 0), nx=True, ex=40 * 24 * 3600)
+
+    @staticmethod
+    def wants_seed(answer: Sequence[Any]) -> bool:
+        return _text(answer[0]) == "seed"
+
+    def verdict(self, answer: Sequence[Any] | None) -> Admission:
+        """What the request took from the limits, or RateLimited/BudgetExhausted; `answer`
+        is the script's (None: not limited, nothing counted)."""
+        tenant, estimated_tokens = self.tenant, self.estimated_tokens
+        minute = math.floor(self.moment / WINDOW_S)
+        if answer is None:
+            return Admission(tenant.pk, estimated_tokens, minute, None, counted=False)
+        verdict, retry_after = _text(answer[0]), int(answer[1])
+        if verdict == "rpm":
+            raise _rate_limited(f"Rate limit reached: {tenant.rpm_limit} requests per minute.",
+                                retry_after)  # fmt: skip
+        if verdict == "tpm":
+            raise _rate_limited(
+                f"Rate limit reached: {tenant.tpm_limit} tokens per minute; this request may "
+                f"use up to {estimated_tokens}.",
+                retry_after,
+            )
+        if verdict == "budget":
+            raise BudgetExhausted(
+                f"Token budget of {tenant.token_budget} per {tenant.budget_period} is used up."
+            )
+        return Admission(tenant.pk, estimated_tokens, minute, self.budget_key)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def limits_admit(*, tenant: Tenant, estimated_tokens: int, now: float | None = None) -> Admission:
     """Counts the request against the tenant's limits, or raises RateLimited/BudgetExhausted."""
-    moment = time.time() if now is None else now
-    if not (tenant.rpm_limit or tenant.tpm_limit or tenant.token_budget):
-        return Admission(
-            tenant.pk, estimated_tokens, math.floor(moment / WINDOW_S), None, counted=False
-        )
-    wall = datetime.fromtimestamp(moment, tz=UTC)
-    budget_key = _budget_key(tenant, wall) if tenant.token_budget else None
-    if budget_key:
-        _seed_budget(tenant, budget_key, wall)
-    verdict, retry_after = _script(_ADMIT)(
-        args=[PREFIX, tenant.pk, repr(moment), tenant.rpm_limit or 0, tenant.tpm_limit or 0,
-              estimated_tokens, tenant.token_budget or 0, budget_key or ""],
-    )  # fmt: skip
-    if verdict == "rpm":
-        raise _rate_limited(f"Rate limit reached: {tenant.rpm_limit} requests per minute.",
-                            retry_after)  # fmt: skip
-    if verdict == "tpm":
-        raise _rate_limited(
-            f"Rate limit reached: {tenant.tpm_limit} tokens per minute; this request may use "
-            f"up to {estimated_tokens}.",
-            retry_after,
-        )
-    if verdict == "budget":
-        raise BudgetExhausted(
-            f"Token budget of {tenant.token_budget} per {tenant.budget_period} is used up."
-        )
-    return Admission(tenant.pk, estimated_tokens, math.floor(moment / WINDOW_S), budget_key)
+    check = _Check.of(tenant, estimated_tokens, now)
+    if not check.limited:
+        return check.verdict(None)
+    script = _script(_ADMIT)
+    answer = script(args=check.args(seeded=False))
+    if check.wants_seed(answer):
+        check.seed()
+        answer = script(args=check.args(seeded=True))
+    return check.verdict(answer)
+
+
+async def limits_admit_async(
+    *,
+    tenant: Tenant,
+    estimated_tokens: int,
+    client: AsyncRedis,
+    in_thread: Callable[[Callable[[], None]], Awaitable[None]],
+    now: float | None = None,
+) -> Admission:
+    """`limits_admit` from an event loop: the script through `client`, and the budget's seed
+    (a read of the ledger, and the sync Redis client) through `in_thread`."""
+    check = _Check.of(tenant, estimated_tokens, now)
+    if not check.limited:
+        return check.verdict(None)
+    script = _script(_ADMIT)
+    answer = await client.evalsha(script.sha, _ADMIT, 0, *check.args(seeded=False))
+    if check.wants_seed(answer):
+        await in_thread(check.seed)
+        answer = await client.evalsha(script.sha, _ADMIT, 0, *check.args(seeded=True))
+    return check.verdict(answer)
 
 
 def _rate_limited(message: str, retry_after: int) -> RateLimited:

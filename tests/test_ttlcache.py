@@ -155,17 +155,59 @@ def test_an_entry_is_computed_again_past_its_max_age_whatever_the_version(clock:
     assert cache.get_or_compute("k", counting("v2", calls)) == "v2"
 
 
-def test_on_an_event_loop_an_entry_that_ran_out_is_kept_by_its_unchanged_version(clock: Clock):
+def test_on_an_event_loop_an_entry_that_ran_out_is_refreshed_by_a_thread_not_the_loop(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+):
+    """Its version is a Redis read: the loop reads neither it nor the database. It raises
+    before either, a thread refreshes the entry, and the loop uses it while it is fresh."""
+    monkeypatch.delenv("DJANGO_ALLOW_ASYNC_UNSAFE", raising=False)
     version, calls = Version(), list[str]()
     cache: TtlCache[str] = TtlCache(ttl_s=2, version=version)
-    cache.get_or_compute("k", counting("v1", calls))
-    clock.now += 3
 
     async def on_the_loop() -> str:
         return cache.get_or_compute("k", counting("v2", calls))
 
-    assert asyncio.run(on_the_loop()) == "v1"  # the version read is not the database's
+    with pytest.raises(SynchronousOnlyOperation):  # not cached yet
+        asyncio.run(on_the_loop())
+    assert version.reads == 0
+    cache.get_or_compute("k", counting("v1", calls))  # the thread
+    assert asyncio.run(on_the_loop()) == "v1"
+    clock.now += 3  # run out
+    with pytest.raises(SynchronousOnlyOperation):
+        asyncio.run(on_the_loop())
+    assert version.reads == 1  # the thread's, at the first computation
+    assert cache.get_or_compute("k", counting("v2", calls)) == "v1"  # the thread: unchanged
+    assert version.reads == 2
+    assert asyncio.run(on_the_loop()) == "v1"  # fresh again
     assert calls == ["v1"]
+
+
+def test_on_an_event_loop_an_entry_a_thread_is_refreshing_is_used_as_it_was(clock: Clock):
+    version = Version()
+    cache: TtlCache[str] = TtlCache(ttl_s=2, version=version)
+    cache.get_or_compute("k", lambda: "old")
+    clock.now += 3
+    computing, release = threading.Event(), threading.Event()
+
+    def slow() -> str:
+        computing.set()
+        release.wait(5)
+        return "new"
+
+    version.value += 1  # the thread computes again
+    refresher = threading.Thread(target=lambda: cache.get_or_compute("k", slow))
+    refresher.start()
+    assert computing.wait(5)
+
+    async def on_the_loop() -> str:
+        return cache.get_or_compute("k", lambda: "other")
+
+    try:
+        assert asyncio.run(on_the_loop()) == "old"
+    finally:
+        release.set()
+        refresher.join(5)
+    assert asyncio.run(on_the_loop()) == "new"
 
 
 def test_a_version_that_cannot_be_read_counts_as_changed(clock: Clock):

@@ -1,39 +1,57 @@
-"""A worker thread's loop: pick the fairest admissible job of a pool, run it, record it.
+"""A worker process's dispatcher: it keeps its engines' batches full from the fair queue.
 
-One `dispatch(pool)` task keeps its thread busy while the pool has admissible work, so a job
-that ends makes room for the next one without waiting for a new message. With nothing to
-run, the loop waits for new work (`GPUSHARE_DISPATCH_IDLE_S`, a minute) before it ends: the
-web hands a request to a waiting loop through Redis instead of sending a Celery message (a
-message costs the sender, the worker and Redis several ms of CPU, more than the rest of the
-request's handling; bench/online_overhead.py). A loop summoned by a message fans out: if
-more work waits and no loop is idle, it summons the next one. Housekeeping wakes or summons
-a loop for pools that still have waiting work, in case a message or a wake-up was lost.
+The fair queue is the only place a request waits. Each worker process runs one event loop in
+a thread of its own (the dispatcher), which holds every engine call the process makes, as
+many at once as the queue lets it pick: the queue admits a job only while its engine has a
+free seat (`max_num_seqs`) and room in its KV budget, and its tenant room in its quota. A
+thread per call would cap the calls at the thread count, far under a GPU engine's batch.
 
-Loops wait instead of ending, so a worker process runs at most its thread count less
-`GPUSHARE_WORKER_FREE_THREADS` of them: the threads left over run every other task (engine
-starts and stops, batch kicks) without waiting for a loop to end. A summons beyond that
-returns at once: this process's loops are all busy, and the first to finish its job picks
-the next (release and pick are one step).
+For each pool it serves, the dispatcher runs a picker: it picks until the queue says nothing
+may run now, starting each job as a task of its own; then it waits for a wake-up in Redis
+(`GPUSHARE_DISPATCH_IDLE_S`, a minute) and ends if none comes. New work and freed seats wake
+a waiting picker through Redis (the enqueue, release and cancel scripts), without a Celery
+message: a message costs the sender, the worker and Redis several ms of CPU. A job that ends
+releases its reservation and picks the pool's next job in one script call, and runs it in
+the same task. Only when no picker of the pool waits does the web send a `dispatch` task
+(once per burst); it starts the pool's picker in the process that takes it (or nudges the
+one already there), and a picker that starts summons the next while more work waits and no
+picker is idle (fan-out over processes). Housekeeping wakes or summons a picker for pools
+that still have waiting work, in case a wake-up or a message was lost.
+
+One watcher per process renews the leases of every job it runs (one round trip for all)
+and looks every `WATCH_S` whether each is still its own: a job cancelled (its client left)
+or reaped is stopped at once, and the engine aborts it when its connection closes.
+
+On a warm shutdown the pickers stop, running jobs get `GPUSHARE_WORKER_DRAIN_S` to finish,
+and the rest go back to the queue.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from celery.signals import celeryd_after_setup, worker_shutting_down
+from celery.signals import worker_shutting_down
 from django.conf import settings
+from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connection
 
 from config import wire
+from config.aio_redis import Arg, AsyncRedis
 from config.change_marks import cache_by_marks
 from config.ttlcache import TtlCache
 from scheduler.batches import batch_line_finished
-from scheduler.engines.supervisor import engine_check_unreachable, shared_engine_client
+from scheduler.engines.aio_client import AsyncEngineClient
+from scheduler.engines.supervisor import engine_check_unreachable
+from scheduler.fairqueue.aio import AsyncFairQueue
 from scheduler.fairqueue.domain import DispatchLoop, Job
 from scheduler.fairqueue.queue import FairQueue, LastWords
 from scheduler.models import Engine
@@ -41,184 +59,387 @@ from scheduler.pools import engine_changes, fair_queue
 from scheduler.units import UNIT_BYTES
 from tenants.limits import Admission, limits_settle
 from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
-from workers.runner import RunResult, reserved_unit_seconds, run_job
+from workers.runner import Relay, Run, RunResult, reserved_unit_seconds, run_job
 
 log = logging.getLogger(__name__)
-
+_T = TypeVar("_T")
 
 # Engines by name, for their address: a moved or removed engine is seen within the TTL (and a
 # job picked for an engine that is gone is given back to its queue). Read again only after an
 # engine's row was saved (its change mark), or every GPUSHARE_CHANGE_RECHECK_S.
 _engines: TtlCache[Engine | None] = cache_by_marks(5.0, engine_changes)
-# How long one dispatch task keeps its thread before it hands the pool's remaining work to a
-# new message: a bound on how long its message stays unacknowledged in the broker (far below
-# the visibility timeout). The threads other tasks need are kept free by the loop seats.
-DISPATCH_TURN_S = 600.0
+# How often the watcher looks whether each running job is still this process's.
+WATCH_S = 0.5
+# Connections to Redis the dispatcher's loop may hold: the pickers' waits, the watcher's and
+# the relay's writes, and the runs' releases.
+REDIS_CONNECTIONS = 64
+REDIS_READ_TIMEOUT_S = 60.0
 
 
-class _LoopSeats:
-    """How many dispatch loops this process may run at once: its thread count less the
-    threads kept free for other tasks; unbounded outside a worker (tests, shells)."""
+class Dispatcher:
+    """The process's engine calls, on one event loop in a thread of its own (started by the
+    first `ensure`). Its methods without `async` may be called from any thread."""
 
-    def __init__(self) -> None:
-        self._seats: threading.BoundedSemaphore | None = None
-        self.stopping = threading.Event()  # the worker is shutting down: loops end
+    def __init__(self, queue: Callable[[], FairQueue] = fair_queue) -> None:
+        self._make_queue = queue
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._pickers: dict[str, _Picker] = {}
+        self.runs: dict[str, Run] = {}
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._watcher: asyncio.Future[Any] | None = None
+        self._room = asyncio.Event()  # set while the process may take more runs
+        self._stopping = asyncio.Event()
+        self._queue: AsyncFairQueue | None = None
+        self._relay: Relay | None = None
+        self._engine_clients: dict[str, AsyncEngineClient] = {}
+        self._db = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dispatch-db")
+        self.ran = 0  # jobs whose run ended, since the process started
 
-    def size_for(self, worker_threads: int) -> None:
-        free = int(settings.GPUSHARE_WORKER_FREE_THREADS)
-        self._seats = threading.BoundedSemaphore(max(1, worker_threads - free))
+    # --- from any thread -----------------------------------------------------------------
 
-    def take(self) -> bool:
-        return self._seats is None or self._seats.acquire(blocking=False)
+    def ensure(self, pool: str) -> None:
+        """The pool's picker runs in this process: started, or nudged to pick again."""
+        loop = self._started()
+        loop.call_soon_threadsafe(self._ensure_picker, pool)
 
-    def give_back(self) -> None:
-        if self._seats is not None:
-            self._seats.release()
+    def run_soon(self, work: Callable[[Dispatcher], Awaitable[_T]]) -> Future[_T]:
+        """`work(self)` on the dispatcher's loop, started now; its result through the
+        future (for callers on other threads: tests, shells)."""
+        return asyncio.run_coroutine_threadsafe(_awaited(work(self)), self._started())
+
+    def stop(self, drain_s: float) -> None:
+        """Stops picking; running jobs get `drain_s` to finish, the rest go back to the
+        queue. Returns once the loop has stopped."""
+        with self._lock:
+            loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        done = asyncio.run_coroutine_threadsafe(self._shut_down(drain_s), loop)
+        with contextlib.suppress(Exception):
+            done.result(timeout=drain_s + 30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        with self._lock:
+            self._loop = self._thread = None
+
+    def _started(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is not None and self._thread is not None and self._thread.is_alive():
+                return self._loop
+            ready = threading.Event()
+            self._thread = threading.Thread(
+                target=self._serve, args=(ready,), name="dispatcher", daemon=True
+            )
+            self._thread.start()
+            ready.wait()
+            assert self._loop is not None
+            return self._loop
+
+    def _serve(self, ready: threading.Event) -> None:
+        loop = _new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        self._room, self._stopping = asyncio.Event(), asyncio.Event()
+        self._room.set()
+        queue = self._make_queue()
+        client = AsyncRedis(
+            settings.REDIS_URL,
+            max_connections=REDIS_CONNECTIONS,
+            read_timeout_s=REDIS_READ_TIMEOUT_S,
+        )
+        self._queue = AsyncFairQueue(queue, client)
+        self._relay = Relay(self._queue)
+        self._pickers, self.runs, self._engine_clients = {}, {}, {}
+        self._watcher = self._spawn(self._watch())
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            client.close()
+            loop.close()
+
+    # --- on the loop ---------------------------------------------------------------------
+
+    def _spawn(self, work: Any) -> asyncio.Future[Any]:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Future[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("dispatcher task failed", exc_info=task.exception())
+
+    def _ensure_picker(self, pool: str) -> None:
+        if self._stopping.is_set():
+            return
+        picker = self._pickers.get(pool)
+        if picker is not None and not picker.task.done():
+            picker.nudge()
+            return
+        self._pickers[pool] = _Picker(self, pool)
+
+    async def _shut_down(self, drain_s: float) -> None:
+        self._stopping.set()
+        for picker in list(self._pickers.values()):
+            picker.nudge()
+        ends = time.monotonic() + drain_s
+        while self.runs and time.monotonic() < ends:
+            await asyncio.sleep(0.1)
+        for run in list(self.runs.values()):
+            run.stop("worker_stopping")
+        if self._watcher is not None:
+            self._watcher.cancel()
+        for picker in list(self._pickers.values()):
+            picker.task.cancel()  # a wait for a wake-up ends now, not at its slice's end
+        ends = time.monotonic() + 10
+        while self._tasks and time.monotonic() < ends:
+            await asyncio.sleep(0.02)
+        for client in self._engine_clients.values():
+            await client.close()
+
+    def take_run(self, job: Job) -> Run:
+        run = self.runs[job.job_id] = Run(job)
+        self._room_changed()
+        return run
+
+    def _end_run(self, job: Job) -> None:
+        self.runs.pop(job.job_id, None)
+        self.ran += 1
+        self._room_changed()
+
+    def _room_changed(self) -> None:
+        if len(self.runs) < int(settings.GPUSHARE_WORKER_MAX_RUNS):
+            self._room.set()
+        else:
+            self._room.clear()
+
+    async def chain(self, job: Job | None, pool: str) -> None:
+        """Runs `job`, then the pool's next job picked with its release, until none may
+        run now or the process stops."""
+        queue, relay = self.queue, self.relay
+        while job is not None:
+            run = self.take_run(job)
+            next_job = None
+            try:
+                result = await run_picked(self, run)
+                await relay.flush(job)
+                if run.stopped == "worker_stopping":
+                    await queue.requeue(job, "worker_stopping")
+                    continue
+                if result.outcome == "requeued":  # given back already: nothing to release
+                    continue
+                words = _last_words_or_none(job, run.request, result)
+                used = (result.prompt_tokens, result.completion_tokens)
+                if self._stopping.is_set():
+                    await queue.release(job, *used, last_words=words)
+                else:
+                    _, next_job = await queue.release_and_pick(
+                        job, *used, pool=pool, last_words=words
+                    )
+            finally:
+                self._end_run(job)
+                job = None
+            await self.settle(run, result)
+            job = next_job
+
+    async def settle(self, run: Run, result: RunResult) -> None:
+        """What a run leaves in the database and the limits, off the loop, where it has any
+        (a batch line's answer; a counted request's limits)."""
+        request = run.request
+        if not (request.get("batch_id") or (request.get("admission") or {}).get("counted")):
+            return
+        try:
+            await self.in_thread(settle, run.job, request, result)
+        except Exception:  # a batch line's answer is taken from its events by the feeder
+            log.exception("job %s: could not settle", run.job.job_id)
+
+    async def in_thread(self, work: Callable[..., _T], *args: Any) -> _T:
+        """Synchronous work (the database, Celery's client) in a thread, never on the loop;
+        the thread hands its database connection back when done."""
+
+        def call() -> _T:
+            try:
+                return work(*args)
+            finally:
+                connection.close()
+
+        return await asyncio.get_running_loop().run_in_executor(self._db, call)
+
+    def summon(self, pool: str) -> None:
+        from workers.tasks import dispatch  # the task module imports this one
+
+        self._spawn(self.in_thread(dispatch.delay, pool))
+
+    def engine_client(self, engine: Engine) -> AsyncEngineClient:
+        client = self._engine_clients.get(engine.base_url)
+        if client is None:
+            client = self._engine_clients[engine.base_url] = AsyncEngineClient(
+                engine.base_url,
+                connect_timeout_s=float(settings.GPUSHARE_ENGINE_HTTP_TIMEOUT_S),
+                generate_timeout_s=float(settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S),
+            )
+        return client
+
+    async def engine_of(self, job: Job) -> Engine | None:
+        def lookup() -> Engine | None:
+            return _engines.get_or_compute(
+                job.engine_id, lambda: Engine.objects.filter(name=job.engine_id).first()
+            )
+
+        try:
+            return lookup()
+        except SynchronousOnlyOperation:  # the entry needs the database: a thread reads it
+            return await self.in_thread(lookup)
+
+    async def _watch(self) -> None:
+        """Renews the leases of this process's runs (every lease / 3) and stops those that
+        are no longer its own (every WATCH_S), one round trip each for all runs."""
+        queue = self.queue
+        renew_every = max(0.5, queue.config.lease_s / 3)
+        renewed_at = time.monotonic()
+        while True:
+            await asyncio.sleep(WATCH_S)
+            runs = list(self.runs.values())
+            if not runs:
+                renewed_at = time.monotonic()
+                continue
+            jobs = [run.job for run in runs]
+            try:
+                if time.monotonic() - renewed_at >= renew_every:
+                    renewed_at = time.monotonic()
+                    ours = await queue.renew_leases(jobs)
+                else:
+                    ours = await queue.jobs_still_running(jobs)
+            except Exception as exc:  # Redis briefly away: try again until leases run out
+                log.warning("could not watch %d runs: %s", len(runs), exc)
+                continue
+            for run, still_ours in zip(runs, ours, strict=True):
+                if not still_ours and run.job.job_id in self.runs:
+                    run.stop("lost")
+
+    @property
+    def queue(self) -> AsyncFairQueue:
+        assert self._queue is not None
+        return self._queue
+
+    @property
+    def relay(self) -> Relay:
+        assert self._relay is not None
+        return self._relay
+
+    @property
+    def stopping(self) -> asyncio.Event:
+        return self._stopping
+
+    @property
+    def room(self) -> asyncio.Event:
+        return self._room
 
 
-loop_seats = _LoopSeats()
+class _Picker:
+    """Picks a pool's jobs while the queue admits them; waits for a wake-up when it does
+    not; ends after `GPUSHARE_DISPATCH_IDLE_S` without one."""
+
+    def __init__(self, dispatcher: Dispatcher, pool: str) -> None:
+        self.dispatcher, self.pool = dispatcher, pool
+        self.loop = DispatchLoop(token=uuid.uuid4().hex)
+        self.task = dispatcher._spawn(self._run())
+
+    def nudge(self) -> None:
+        """A summons reached a picker already running: it picks again now (and clears the
+        summons, as a starting picker does)."""
+        self.loop.starting = True
+        queue = self.dispatcher.queue
+        wake = queue.keys.loop_wake(self.loop.token)
+        commands: list[tuple[Arg, ...]] = [("RPUSH", wake, "1"), ("EXPIRE", wake, 60)]
+        self.dispatcher._spawn(queue.redis.pipeline(commands))
+
+    async def _run(self) -> None:
+        dispatcher, queue = self.dispatcher, self.dispatcher.queue
+        idle_s = float(settings.GPUSHARE_DISPATCH_IDLE_S)
+        try:
+            while not dispatcher.stopping.is_set():
+                await dispatcher.room.wait()
+                if dispatcher.stopping.is_set():
+                    break
+                job = await queue.pick(self.pool, loop=self.loop)
+                if job is not None:
+                    if self.loop.summon_next:  # more work waits and no picker is idle
+                        self.loop.summon_next = False
+                        dispatcher.summon(self.pool)
+                    dispatcher._spawn(dispatcher.chain(job, self.pool))
+                    continue
+                # Nothing may run now: the pick registered this picker as idle.
+                if not await queue.wait_for_work(self.pool, self.loop, idle_s, dispatcher.stopping):
+                    return
+        finally:
+            with contextlib.suppress(Exception):
+                if await queue.stop_waiting(self.pool, self.loop):
+                    dispatcher.summon(self.pool)  # woken while leaving: its work needs one
+            if dispatcher._pickers.get(self.pool) is self:
+                del dispatcher._pickers[self.pool]
 
 
-@celeryd_after_setup.connect
-def _size_loop_seats(sender: str, instance: Any, **_: Any) -> None:
-    loop_seats.size_for(int(instance.concurrency))
+async def _awaited(work: Awaitable[_T]) -> _T:
+    return await work
+
+
+def _new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+dispatcher = Dispatcher()
 
 
 @worker_shutting_down.connect
-def _stop_loops(**_: Any) -> None:
-    loop_seats.stopping.set()  # a warm shutdown must not wait out idle loops
+def _stop_dispatcher(**_: Any) -> None:
+    dispatcher.stop(float(settings.GPUSHARE_WORKER_DRAIN_S))
 
 
-def dispatch_pool(
-    pool: str, *, turn_s: float = DISPATCH_TURN_S, idle_s: float | None = None
-) -> int:
-    """Runs the pool's admissible jobs one after another; returns how many ran. Each job's
-    release, its answer and ledger row (`last_words`) and the next pick are one step (one
-    round trip to Redis). With nothing admissible, waits up to `idle_s` (default
-    `GPUSHARE_DISPATCH_IDLE_S`) for work (see the module docstring), until the turn is over."""
-    if not loop_seats.take():
-        return 0  # this process's loops are all running: see the module docstring
-    try:
-        wait_s = float(settings.GPUSHARE_DISPATCH_IDLE_S) if idle_s is None else idle_s
-        return _loop(pool, turn_s, wait_s)
-    finally:
-        loop_seats.give_back()
+def dispatch_pool(pool: str) -> None:
+    """The `dispatch` task: the pool's picker runs in this process (see the module
+    docstring). Returns at once: the calls run on the dispatcher's loop."""
+    dispatcher.ensure(pool)
 
 
-def _loop(pool: str, turn_s: float, idle_s: float) -> int:
-    queue = fair_queue()
-    loop = DispatchLoop(token=uuid.uuid4().hex)
-    turn_ends = time.monotonic() + turn_s
-    ran = 0
-    try:
-        job = queue.pick(pool, loop=loop)
-        while True:
-            while job is not None:
-                _summon_if_asked(loop, pool)
-                job = _run_one(queue, job, pool, loop, turn_ends)
-                ran += 1
-                _hand_back_database()
-            # Nothing to run: the pick registered this loop as idle.
-            if _turn_over(turn_ends):
-                break
-            if not queue.wait_for_work(pool, loop, idle_s, stop=loop_seats.stopping):
-                return ran
-            if _turn_over(turn_ends):  # woken as the worker stops: another loop runs it
-                _summon(pool)
-                return ran
-            job = queue.pick(pool, loop=loop)
-    except BaseException:
-        _leave(queue, pool, loop)  # a wake-up must not go to a loop that is gone
-        raise
-    _leave(queue, pool, loop)
-    return ran
-
-
-def _hand_back_database() -> None:
-    """A loop lives for minutes: its thread must not keep a connection of the process's
-    database pool meanwhile (a job opens one only for a batch line or an engine lookup), or
-    a worker with more loops than the pool has connections makes other tasks wait for one."""
-    try:
-        connection.close()
-    except Exception:  # a broken connection: the pool replaces it
-        log.warning("could not hand back the database connection", exc_info=True)
-
-
-def _turn_over(turn_ends: float) -> bool:
-    return loop_seats.stopping.is_set() or time.monotonic() > turn_ends
-
-
-def _leave(queue: FairQueue, pool: str, loop: DispatchLoop) -> None:
-    try:
-        woken = queue.stop_waiting(pool, loop)
-    except Exception:  # Redis away: the idle entry expires by itself
-        log.warning("dispatch loop %s could not leave the idle loops", loop.token, exc_info=True)
-        return
-    if woken:  # woken while leaving: its work needs a loop
-        _summon(pool)
-
-
-def _run_one(
-    queue: FairQueue, job: Job, pool: str, loop: DispatchLoop, turn_ends: float
-) -> Job | None:
-    """Runs `job`, releases it and (unless the turn is over) picks the next one, which it
-    returns; records the job that ran."""
-    result = run_picked(queue, job)
-    used = (result.prompt_tokens, result.completion_tokens)
-    request = wire.loads(job.payload)
-    try:
-        words = last_words(job, request, result)
-    except Exception:  # the job must still be released, and its waiter answered
-        log.exception("job %s: no ledger row", job.job_id)
-        words = LastWords(event=result.done_event)
-    next_job = None
-    if _turn_over(turn_ends):
-        queue.release(job.job_id, *used, attempt=job.attempt, last_words=words)
-        _summon(pool)  # the rest of the pool's work, after whatever waits now
-    else:
-        next_job = queue.release_and_pick(job, *used, pool=pool, loop=loop, last_words=words)[1]
-    try:
-        if result.outcome != "requeued":
-            settle(job, request, result)
-    except Exception:
-        if next_job is not None:  # not started: give it back rather than leave it leased
-            queue.requeue(next_job.job_id, attempt=next_job.attempt, reason="worker_error")
-        raise
-    return next_job
-
-
-def _summon_if_asked(loop: DispatchLoop, pool: str) -> None:
-    if loop.summon_next:  # more work waits and no loop is idle: start the next loop
-        loop.summon_next = False
-        _summon(pool)
-
-
-def _summon(pool: str) -> None:
-    from workers.tasks import dispatch  # the task module imports this one
-
-    dispatch.delay(pool)
-
-
-def run_picked(queue: FairQueue, job: Job) -> RunResult:
+async def run_picked(dispatcher: Dispatcher, run: Run) -> RunResult:
     """Runs a picked job on its engine; the caller releases it (see `run_job`)."""
-    engine = _engines.get_or_compute(
-        job.engine_id, lambda: Engine.objects.filter(name=job.engine_id).first()
-    )
+    job, queue = run.job, dispatcher.queue
+    engine = await dispatcher.engine_of(job)
     if engine is None:  # removed while the job waited: give it back for another engine
-        queue.requeue(job.job_id, attempt=job.attempt, reason="engine_removed")
+        await queue.requeue(job, "engine_removed")
         return RunResult(outcome="requeued")
-    return run_job(
-        queue, job, shared_engine_client(engine), on_engine_lost=lambda: _fail_if_dead(engine)
-    )
+
+    async def engine_lost() -> None:
+        await dispatcher.in_thread(_fail_if_dead, engine)
+
+    client = dispatcher.engine_client(engine)
+    return await run_job(queue, run, client, dispatcher.relay, on_engine_lost=engine_lost)
 
 
 def _fail_if_dead(engine: Engine) -> None:
     """The job could not reach `engine`: failed now if its process is gone (see
-    `engine_check_unreachable`). Not `runner._engine_lost`, which requeues the job."""
+    `engine_check_unreachable`)."""
     try:
         engine_check_unreachable(name=engine.name)
     except Exception:  # the job goes back to the queue all the same
         log.warning("could not check unreachable engine %s", engine.name, exc_info=True)
+
+
+def _last_words_or_none(job: Job, request: dict[str, Any], result: RunResult) -> LastWords:
+    try:
+        return last_words(job, request, result)
+    except Exception:  # the job must still be released, and its waiter answered
+        log.exception("job %s: no ledger row", job.job_id)
+        return LastWords(event=result.done_event)
 
 
 def last_words(job: Job, request: dict[str, Any], result: RunResult) -> LastWords:

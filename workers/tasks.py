@@ -23,9 +23,10 @@ def ping(token: str) -> None:
 
 
 @shared_task(name="workers.dispatch")
-def dispatch(pool: str) -> int:
-    """Run the pool's admissible jobs, fairest first, until none is admissible."""
-    return dispatch_pool(pool)
+def dispatch(pool: str) -> None:
+    """Start (or nudge) the pool's picker in this process's dispatcher, which runs the pool's
+    admissible jobs, fairest first, as many at once as the queue admits."""
+    dispatch_pool(pool)
 
 
 @shared_task(name="workers.flush_usage")

@@ -4,17 +4,16 @@ Everything else (the supervisor, workers, telemetry, tests) goes through it, so 
 error wording are decided once. Errors are EngineUnavailable (cannot reach it, or it is not
 healthy) or EngineRequestError (it answered with an error).
 
-Streams and the rare control calls go through httpx; non-streamed generation, the worker's
-hottest call, and the periodic /health and /metrics through a small HTTP/1.1 client of our
-own on a plain socket (_KeptAliveHttp), which costs a fraction of httpx's or http.client's
-CPU per request.
+The rare control calls go through httpx; the warm-up's completion and the periodic /health
+and /metrics through a small HTTP/1.1 client of our own on a plain socket (_KeptAliveHttp),
+which costs a fraction of httpx's or http.client's CPU per request. The generation calls of
+the worker's dispatcher, hundreds at once on an event loop, are `aio_client`'s.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
 from io import BufferedReader
 from typing import Any
 from urllib.parse import urlsplit
@@ -78,7 +77,7 @@ class EngineClient:
             raise EngineUnavailable(
                 f"{self.base_url}{path}: {exc.__class__.__name__}: {exc}"
             ) from exc
-        _raise_for_status(response.status_code, response.text, f"{self.base_url}{path}")
+        raise_for_status(response.status_code, response.text, f"{self.base_url}{path}")
         return response
 
     def health(self) -> bool:
@@ -95,7 +94,7 @@ class EngineClient:
 
     def metrics_text(self) -> str:
         status, text = self._kept_alive.get("/metrics", self._control_timeout_s)
-        _raise_for_status(status, text, f"{self.base_url}/metrics")
+        raise_for_status(status, text, f"{self.base_url}/metrics")
         return text
 
     def metrics(self) -> EngineMetrics:
@@ -106,54 +105,14 @@ class EngineClient:
         body = {**payload, "stream": False}
         return self._post_json("/v1/completions", body)
 
-    def chat(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """POST /v1/chat/completions (not streamed)."""
-        body = {**payload, "stream": False}
-        return self._post_json("/v1/chat/completions", body)
-
-    def stream_completion(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        return self._stream("/v1/completions", payload)
-
-    def stream_chat(self, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """The chunks of a streamed chat completion, as dicts, until `[DONE]`."""
-        return self._stream("/v1/chat/completions", payload)
-
     def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         status, text = self._kept_alive.post(path, body)
-        _raise_for_status(status, text, f"{self.base_url}{path}")
+        raise_for_status(status, text, f"{self.base_url}{path}")
         result: dict[str, Any] = wire.loads(text)
         return result
 
-    def _stream(self, path: str, payload: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        body = {**payload, "stream": True}
-        url = f"{self.base_url}{path}"
-        try:
-            with self._http.stream(
-                "POST", path, json=body, timeout=self._generate_timeout
-            ) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    _raise_for_status(response.status_code, response.text, url)
-                yield from _sse_events(response.iter_lines(), url)
-        except httpx.TransportError as exc:
-            raise EngineUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
 
-
-def _sse_events(lines: Iterator[str], url: str) -> Iterator[dict[str, Any]]:
-    """The stream's events until `[DONE]`. A stream that ends without it was cut: an engine
-    killed between two chunks can close the connection in a way the HTTP parser accepts as
-    the body's end (seen in CI), and its partial answer must not pass for a whole one."""
-    for line in lines:
-        if not line.startswith("data:"):
-            continue
-        data = line[len("data:") :].strip()
-        if data == "[DONE]":
-            return
-        yield wire.loads(data)
-    raise EngineUnavailable(f"{url}: the stream ended without [DONE]")
-
-
-def _raise_for_status(status_code: int, body: str, url: str) -> None:
+def raise_for_status(status_code: int, body: str, url: str) -> None:
     if status_code < 400:
         return
     if status_code >= 500:

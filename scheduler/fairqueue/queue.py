@@ -118,6 +118,26 @@ class LastWords:
 NO_LAST_WORDS = LastWords()
 
 
+def release_args(
+    job_id: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    attempt: int | None,
+    last_words: LastWords | None,
+) -> list[Any]:
+    stamp = "" if attempt is None else str(attempt)
+    return [job_id, prompt_tokens, completion_tokens, stamp, *(last_words or NO_LAST_WORDS).args()]
+
+
+def pick_answer(answer: Any, loop: DispatchLoop | None) -> Job | None:
+    return _job_from_json(answer, loop) if answer else None
+
+
+def release_pick_answer(answer: Any, loop: DispatchLoop | None) -> tuple[bool, Job | None]:
+    released, picked = answer
+    return bool(released), pick_answer(picked, loop)
+
+
 class FairQueue:
     def __init__(self, client: redis.Redis, config: FairQueueConfig | None = None) -> None:
         self.redis = client
@@ -181,9 +201,17 @@ class FairQueue:
 
     # --- the decisions --------------------------------------------------------------------
 
-    def _run(self, name: str, *args: Any, now: float | None = None) -> Any:
+    def script_head(self, now: float | None = None) -> list[str | int]:
+        """The arguments every script takes first: the keys' prefix, the moment ('' = Redis's
+        clock) and how long finished jobs are kept."""
         moment = "" if now is None else repr(float(now))
-        head: list[str | int] = [self.config.prefix, moment, self.config.keep_s]
+        return [self.config.prefix, moment, self.config.keep_s]
+
+    def script(self, name: str) -> Script:
+        return self._scripts[name]
+
+    def _run(self, name: str, *args: Any, now: float | None = None) -> Any:
+        head = self.script_head(now)
         script = self._scripts[name]
         if self._raw is None:
             return script(keys=[], args=[*head, *args])
@@ -236,6 +264,27 @@ class FairQueue:
         job_id: str | None = None,
         now: float | None = None,
     ) -> tuple[Job, bool]:
+        args = self.enqueue_args(
+            summon=summon, tenant=tenant, pool=pool, request_class=request_class,
+            prompt_tokens=prompt_tokens, max_tokens=max_tokens, kv_bytes=kv_bytes,
+            payload=payload, job_id=job_id,
+        )  # fmt: skip
+        return self.enqueue_answer(self._run("enqueue", *args, now=now), args)
+
+    def enqueue_args(
+        self,
+        *,
+        summon: bool,
+        tenant: str,
+        pool: str,
+        request_class: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        kv_bytes: int,
+        payload: str = "",
+        job_id: str | None = None,
+    ) -> list[Any]:
+        """The enqueue script's arguments (after `script_head`), checked."""
         if request_class not in REQUEST_CLASSES:
             raise JobRejected("unknown_class", f"unknown request class {request_class!r}")
         if min(prompt_tokens, max_tokens, kv_bytes) < 0:
@@ -243,23 +292,19 @@ class FairQueue:
         job_id = check_id("job", job_id or uuid.uuid4().hex)
         check_id("tenant", tenant)
         timeout = repr(float(self.config.queue_timeouts_s[request_class]))
-        answer = self._run(
-            "enqueue",
-            job_id,
-            tenant,
-            pool,
-            request_class,
-            prompt_tokens,
-            max_tokens,
-            kv_bytes,
-            timeout,
-            payload,
-            str(self.config.loop_summon_s) if summon else "",
-            now=now,
-        )
+        return [
+            *(job_id, tenant, pool, request_class, prompt_tokens, max_tokens, kv_bytes),
+            *(timeout, payload, str(self.config.loop_summon_s) if summon else ""),
+        ]
+
+    @staticmethod
+    def enqueue_answer(answer: Any, args: list[Any]) -> tuple[Job, bool]:
+        """The queued job (and whether a loop must be summoned) from the enqueue script's
+        answer to `args`; JobRejected when it refused the job."""
         status = [_text(part) for part in answer]
         if status[0] != "ok":
             raise JobRejected(status[1], status[2])
+        job_id, tenant, pool, request_class, prompt_tokens, max_tokens, kv_bytes = args[:7]
         job = Job(
             job_id=job_id,
             tenant=tenant,
@@ -268,7 +313,7 @@ class FairQueue:
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             kv_bytes=kv_bytes,
-            payload=payload,
+            payload=args[8],
             enqueued_at=float(status[1]),
             deadline=float(status[2]),
         )
@@ -286,8 +331,7 @@ class FairQueue:
         when nothing may run now. For `engine_id`, or (empty) for the pool's engine with the
         most free KV (ties: fewest in flight) that can run one. A dispatch `loop` that gets
         None is registered idle: it waits for work with `wait_for_work`."""
-        answer = self._run("pick", *self._pick_args(pool, engine_id, loop), now=now)
-        return _job_from_json(answer, loop) if answer else None
+        return pick_answer(self._run("pick", *self.pick_args(pool, engine_id, loop), now=now), loop)
 
     def release(
         self,
@@ -302,14 +346,8 @@ class FairQueue:
         """The job ended: frees its reservation and charges the real tokens. Idempotent:
         False (and nothing changed) when the job is not running, or not as `attempt`.
         `last_words` are told in the same step, released or not."""
-        stamp = "" if attempt is None else str(attempt)
-        answer = self._run(
-            "release",
-            *(job_id, prompt_tokens, completion_tokens, stamp),
-            *(last_words or NO_LAST_WORDS).args(),
-            now=now,
-        )
-        return bool(answer)
+        args = release_args(job_id, prompt_tokens, completion_tokens, attempt, last_words)
+        return bool(self._run("release", *args, now=now))
 
     def release_and_pick(
         self,
@@ -326,17 +364,28 @@ class FairQueue:
         """A worker's turn in one atomic step (one round trip): `release` of the job it ran
         (as its attempt, telling its `last_words`), then `pick` of its next one. Returns
         (released, next job)."""
-        answer = self._run(
-            "release_pick",
-            *(job.job_id, prompt_tokens, completion_tokens, str(job.attempt)),
-            *self._pick_args(pool, engine_id, loop),
-            *(last_words or NO_LAST_WORDS).args(),
-            now=now,
+        args = self.release_pick_args(
+            job, prompt_tokens, completion_tokens, pool, engine_id, loop, last_words
         )
-        released, picked = answer
-        return bool(released), _job_from_json(picked, loop) if picked else None
+        return release_pick_answer(self._run("release_pick", *args, now=now), loop)
 
-    def _pick_args(self, pool: str, engine_id: str, loop: DispatchLoop | None) -> list[str]:
+    def release_pick_args(
+        self,
+        job: Job,
+        prompt_tokens: int,
+        completion_tokens: int,
+        pool: str,
+        engine_id: str,
+        loop: DispatchLoop | None,
+        last_words: LastWords | None,
+    ) -> list[Any]:
+        return [
+            *(job.job_id, prompt_tokens, completion_tokens, str(job.attempt)),
+            *self.pick_args(pool, engine_id, loop),
+            *(last_words or NO_LAST_WORDS).args(),
+        ]
+
+    def pick_args(self, pool: str, engine_id: str, loop: DispatchLoop | None) -> list[str]:
         lease = repr(float(self.config.lease_s))
         args = [pool, engine_id, lease, *map(repr, self.config.weight_args())]
         if loop is None:
@@ -369,7 +418,7 @@ class FairQueue:
             left = waits_until - time.monotonic()
             if left <= 0:
                 break
-            slice_s = min(WAIT_SLICE_S, self.config.loop_idle_s / 2, left)
+            slice_s = self.wait_slice_s(left)
             try:
                 renewed, woken = self._renew_and_wait(idle, wake, loop.token, slice_s)
             except redis.TimeoutError:  # the client's read timeout, on a stalled machine
@@ -383,14 +432,27 @@ class FairQueue:
     def _renew_and_wait(self, idle: str, wake: str, token: str, slice_s: float) -> list[Any]:
         """One round trip: the loop's idle registration renewed (XX: never re-registered
         once a waker has taken it, its wake being on the list), then BLPOP on its wake list."""
-        until = repr(time.time() + self.config.loop_idle_s)
         if self._raw is None:
+            until = time.time() + self.config.loop_idle_s
             pipe = self.redis.pipeline(transaction=False)
-            pipe.zadd(idle, {token: float(until)}, xx=True, ch=True)
+            pipe.zadd(idle, {token: until}, xx=True, ch=True)
             pipe.blpop([wake], timeout=slice_s)
             return pipe.execute()
-        commands = [("ZADD", idle, "XX", "CH", until, token), ("BLPOP", wake, repr(slice_s))]
-        return self._raw.pipeline(commands, block_s=slice_s)
+        return self._raw.pipeline(
+            self.renew_and_wait_commands(idle, wake, token, slice_s), block_s=slice_s
+        )
+
+    def renew_and_wait_commands(
+        self, idle: str, wake: str, token: str, slice_s: float
+    ) -> list[tuple[str, ...]]:
+        """An idle loop's registration renewed (XX: never re-registered once a waker has
+        taken it, its wake being on the list), then BLPOP on its wake list."""
+        until = repr(time.time() + self.config.loop_idle_s)
+        return [("ZADD", idle, "XX", "CH", until, token), ("BLPOP", wake, repr(slice_s))]
+
+    def wait_slice_s(self, left_s: float) -> float:
+        """How long one slice of an idle loop's wait lasts (see `wait_for_work`)."""
+        return min(WAIT_SLICE_S, self.config.loop_idle_s / 2, left_s)
 
     def stop_waiting(self, pool: str, loop: DispatchLoop) -> bool:
         """An idle loop leaves; True when it was woken meanwhile (its work needs a loop)."""
@@ -403,8 +465,10 @@ class FairQueue:
 
     def renew_lease(self, job_id: str, attempt: int, now: float | None = None) -> bool:
         """Extends the lease; False means the job is no longer the caller's: stop running it."""
-        lease = repr(float(self.config.lease_s))
-        return bool(self._run("renew", job_id, str(attempt), lease, now=now))
+        return bool(self._run("renew", *self.renew_args(job_id, attempt), now=now))
+
+    def renew_args(self, job_id: str, attempt: int) -> list[Any]:
+        return [job_id, str(attempt), repr(float(self.config.lease_s))]
 
     def cancel(self, job_id: str, reason: str = "cancelled", now: float | None = None) -> str:
         """Cancels a queued or running job; returns the state it was in, '' if neither."""
@@ -419,9 +483,11 @@ class FairQueue:
         now: float | None = None,
     ) -> bool:
         """Gives a running job back to the head of its queue (e.g. its engine went away)."""
+        return bool(self._run("requeue", *self.requeue_args(job_id, attempt, reason), now=now))
+
+    def requeue_args(self, job_id: str, attempt: int | None, reason: str) -> list[Any]:
         stamp = "" if attempt is None else str(attempt)
-        timeouts = map(repr, self.config.timeout_args())
-        return bool(self._run("requeue", job_id, stamp, reason, *timeouts, now=now))
+        return [job_id, stamp, reason, *map(repr, self.config.timeout_args())]
 
     def reap_expired_leases(self, now: float | None = None, limit: int = 100) -> list[str]:
         timeouts = map(repr, self.config.timeout_args())
@@ -441,8 +507,20 @@ class FairQueue:
             pipe.expire(key, self.config.keep_s)
             pipe.execute()
             return
-        commands = [("MULTI",), ("RPUSH", key, raw), ("EXPIRE", key, self.config.keep_s)]
-        self._raw.pipeline([*commands, ("EXEC",)])
+        self._raw.pipeline(self.publish_commands([(job_id, raw)]))
+
+    def publish_commands(self, events: list[tuple[str, str]]) -> list[tuple[Any, ...]]:
+        """The commands that append `events` ((job id, JSON) in order) to their jobs' event
+        lists, each list's in one RPUSH, in one transaction: a list is never left without
+        its expiry."""
+        by_job: dict[str, list[str]] = {}
+        for job_id, raw in events:
+            by_job.setdefault(job_id, []).append(raw)
+        commands: list[tuple[Any, ...]] = [("MULTI",)]
+        for job_id, raws in by_job.items():
+            key = self.keys.events(job_id)
+            commands += [("RPUSH", key, *raws), ("EXPIRE", key, self.config.keep_s)]
+        return [*commands, ("EXEC",)]
 
     def wait_event(self, job_id: str, timeout_s: float) -> dict[str, Any] | None:
         """The job's next event, waiting up to `timeout_s`; None when none came."""

@@ -1,7 +1,9 @@
-"""Admission (`online.admit`) with PostgreSQL and the real Redis fair queue: it runs on the
+"""Admission (`online.admit`) with the database and the real Redis fair queue: it runs on the
 event loop when the key, the route and the tenant's policy are cached, goes to a thread for
-the step that must ask the database, and a request handed to a thread half-way is counted
-against its tenant's limits once, not twice."""
+the step that must ask the database or refresh a cache entry, and a request whose enqueue
+needs the queue taught again from the database is counted against its tenant's limits once,
+not twice. (tests/scheduler/test_web_loop_never_blocks.py checks that nothing blocks the
+loop meanwhile.)"""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,6 +36,10 @@ MODEL_CONFIG = {
 
 @pytest.fixture
 def bearer(redis_db, tmp_path) -> str:
+    return key_to_a_ready_engine(tmp_path)
+
+
+def key_to_a_ready_engine(tmp_path: Path) -> str:
     """The header of a key whose tenant may use a ready engine of MODEL (synced to the queue)."""
     (tmp_path / "config.json").write_text(json.dumps(MODEL_CONFIG))
     device = Device.objects.create(
@@ -77,7 +84,7 @@ def queued_ids() -> list[str]:
 
 def test_the_first_request_reads_the_database_in_a_thread_the_next_stay_on_the_loop(bearer, hops):
     first = admit(bearer)
-    assert hops == ["_prepare", "_enqueue"]  # nothing cached yet: key, route, policy
+    assert hops == ["_prepare", "_sync_policy"]  # nothing cached yet: key, route, policy
     hops.clear()
     second = admit(bearer)
     assert hops == []
@@ -87,20 +94,33 @@ def test_the_first_request_reads_the_database_in_a_thread_the_next_stay_on_the_l
 def test_a_tenants_policy_that_ran_out_is_written_again_only_after_a_save(
     bearer, hops, monkeypatch
 ):
-    """The policy's entry runs out, and is kept while no tenant, key or engine was saved
-    (no trip to a thread); a save made elsewhere reaches the queue at the next run-out."""
+    """The policy's entry runs out: a thread reads its version (the change marks), and keeps
+    it while no tenant, key or engine was saved (the policy is not written again); a save
+    made elsewhere reaches the queue at the next run-out."""
     monkeypatch.setattr(online._synced_tenants, "ttl_s", 0.05)
+    written: list[str] = []
+    sync_tenant = online.sync_tenant
+
+    def counted(tenant: Tenant, queue: Any) -> None:
+        written.append(tenant.slug)
+        sync_tenant(tenant, queue)
+
+    monkeypatch.setattr(online, "sync_tenant", counted)
     admit(bearer)
+    assert written == ["acme"]
     time.sleep(0.1)
     hops.clear()
     admit(bearer)
-    assert hops == []
+    assert hops == ["_sync_policy"]
+    assert written == ["acme"]
     tenant = Tenant.objects.get(slug="acme")  # another process's save
     tenant.weight = 3
     tenant.save(update_fields=["weight"])
     time.sleep(0.1)
+    hops.clear()
     admitted = admit(bearer)
-    assert hops == ["_enqueue"]
+    assert hops == ["_sync_policy"]
+    assert written == ["acme", "acme"]
     assert admitted.job.job_id in queued_ids()
     queue = fair_queue()
     weight = queue.redis.hget(queue.keys.tenant("acme"), "weight")
@@ -117,16 +137,116 @@ def test_a_step_that_must_ask_the_database_again_goes_to_a_thread(bearer, hops):
     assert admitted.job.job_id in queued_ids()
 
 
-def test_a_request_handed_to_a_thread_after_the_limits_counted_it_is_counted_once(bearer, hops):
+def test_a_request_whose_enqueue_resyncs_the_queue_is_counted_once(bearer, hops):
     tenant_update(tenant=TenantFactory.create(slug="acme"), rpm_limit=2)
     admit(bearer)  # counted once; the caches are warm now
     queue = fair_queue()
     queue.redis.delete(queue.keys.tenant("acme"))  # Redis lost the tenant's policy
     hops.clear()
-    # Counted on the loop, refused by the queue, resynced from the database in a thread: a
-    # second count there would be the third of a limit of two, and refused.
+    # Counted on the loop, refused by the queue, resynced from the database in a thread and
+    # enqueued again: a second count would be the third of a limit of two, and refused.
     admitted = admit(bearer)
-    assert hops == ["_enqueue"]
+    assert hops == ["resync"]
     assert admitted.job.job_id in queued_ids()
     with pytest.raises(RateLimited):  # both were counted
         admit(bearer)
+
+
+def test_a_budget_counter_redis_lost_is_seeded_from_the_ledger_in_a_thread(bearer, hops):
+    from datetime import UTC, datetime
+
+    from tenants.limits import BudgetExhausted
+    from tenants.models import UsageRecord
+
+    tenant = tenant_update(tenant=TenantFactory.create(slug="acme"), token_budget=150)
+    admit(bearer)  # the caches are warm now; the budget's counter is seeded (90 tokens used)
+    UsageRecord.objects.create(
+        request_id="r1", tenant=tenant, model=MODEL, request_class="standard",
+        outcome="success", prompt_tokens=30, completion_tokens=20,
+        finished_at=datetime.now(tz=UTC),
+    )  # fmt: skip
+    queue = fair_queue()
+    for key in queue.redis.keys("gs:limits:*:budget:*"):
+        queue.redis.delete(key)  # Redis lost the counter: the ledger says 50 were used
+    hops.clear()
+    admit(bearer)  # 50 + 90 of 150
+    assert hops == ["seed"]
+    hops.clear()
+    with pytest.raises(BudgetExhausted):  # 140 + 90
+        admit(bearer)
+    assert hops == []
+
+
+def test_a_dispatch_loop_is_summoned_from_a_thread_and_not_waited_for(bearer, monkeypatch):
+    import threading
+
+    from workers.tasks import dispatch
+
+    summoned, release = threading.Event(), threading.Event()
+    calls: list[tuple[str, bool]] = []
+
+    def delay(pool: str) -> None:
+        try:
+            asyncio.get_running_loop()
+            on_a_loop = True
+        except RuntimeError:
+            on_a_loop = False
+        calls.append((pool, on_a_loop))
+        summoned.set()
+        release.wait(5)  # a slow broker: the request does not wait for it
+
+    monkeypatch.setattr(dispatch, "delay", delay)
+    request = parse_inference_request(
+        "chat", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    )
+
+    async def admitted_before_the_message_is_sent() -> online.Admitted:
+        admitted = await online.admit(authorization=bearer, request=request, class_header="")
+        assert await asyncio.to_thread(summoned.wait, 5)
+        assert online._background  # the message, still under way
+        release.set()
+        await online.background_done()
+        return admitted
+
+    admitted = asyncio.run(admitted_before_the_message_is_sent())
+    assert calls == [(MODEL, False)]
+    assert admitted.job.job_id in queued_ids()
+
+
+def test_a_client_that_leaves_while_its_job_is_being_queued_leaves_no_job_behind(
+    bearer, monkeypatch
+):
+    """The queue's reply is late and the client leaves before it comes: the job was queued
+    all the same, and is cancelled once the reply is in."""
+    from scheduler.fairqueue.aio import AsyncFairQueue
+
+    admit(bearer)  # warm: the next admission runs on the loop
+    enqueue = AsyncFairQueue.enqueue_summoning
+    job_ids: list[str] = []
+
+    async def slow(self: AsyncFairQueue, **fields: Any) -> Any:
+        job_ids.append(fields["job_id"])
+        queued = await enqueue(self, **fields)
+        await asyncio.sleep(0.2)  # a slow reply: the client leaves meanwhile
+        return queued
+
+    monkeypatch.setattr(AsyncFairQueue, "enqueue_summoning", slow)
+    request = parse_inference_request(
+        "chat", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    )
+
+    async def leave() -> None:
+        admitting = asyncio.ensure_future(
+            online.admit(authorization=bearer, request=request, class_header="")
+        )
+        await asyncio.sleep(0.1)
+        admitting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await admitting
+        await online.background_done()
+
+    asyncio.run(leave())
+    job = fair_queue().get_job(job_ids[0])
+    assert job is not None
+    assert job.state == "cancelled"
+    assert job_ids[0] not in queued_ids()

@@ -2,12 +2,14 @@
 (our own HTTP/1.1 client, one kept-alive connection per thread) answers, refusals, an engine
 that closed an idle connection, an engine that is gone; the ways an HTTP/1.1 answer may be
 framed (Content-Length, chunked, until the connection closes, after a 100 Continue, announcing
-`Connection: close`, trickled in small TCP writes) and one cut short; and a stream cut before
-its end. Last, what the worker's runner makes of a stream that ends with `[DONE]` but without
-a finish reason (what a vLLM server whose engine core died sends)."""
+`Connection: close`, trickled in small TCP writes) and one cut short. Then the dispatcher's
+asyncio client: whole answers, refusals, and a stream cut before its end. Last, what the
+worker's runner makes of a stream that ends with `[DONE]` but without a finish reason (what a
+vLLM server whose engine core died sends)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import socket
@@ -18,11 +20,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from unittest.mock import ANY
 
 import pytest
+from django.conf import settings
 
+from config.aio_redis import AsyncRedis
+from scheduler.engines.aio_client import AsyncEngineClient
 from scheduler.engines.client import EngineClient, EngineRequestError, EngineUnavailable
 from scheduler.fairqueue import EnginePolicy, FairQueue, Job, TenantPolicy
+from scheduler.fairqueue.aio import AsyncFairQueue
 from scheduler.pools import fair_queue
-from workers.runner import run_job
+from workers.runner import Relay, Run, RunResult, run_job
 
 UNIT = 256 * 1024 * 1024
 
@@ -155,7 +161,7 @@ def engine() -> Iterator[str]:
 
 def test_a_chat_is_posted_with_stream_off_and_its_body_returned(engine):
     with EngineClient(engine) as client:
-        first = client.chat({"model": "m", "max_tokens": 5, "stream": True})
+        first = client.completion({"model": "m", "max_tokens": 5, "stream": True})
         second = client.completion({"model": "m", "prompt": "hi", "max_tokens": 5})
     assert first["echo"] == {"model": "m", "max_tokens": 5, "stream": False}
     assert second["usage"] == {"prompt_tokens": 3, "completion_tokens": 2}
@@ -164,7 +170,7 @@ def test_a_chat_is_posted_with_stream_off_and_its_body_returned(engine):
 
 def test_a_refusal_is_the_clients_error_with_the_engines_words(engine):
     with EngineClient(engine) as client, pytest.raises(EngineRequestError) as caught:
-        client.chat({"model": "m", "max_tokens": -1})
+        client.completion({"model": "m", "max_tokens": -1})
     assert caught.value.status_code == 400
     assert "max_tokens must be at least 1" in caught.value.body
 
@@ -173,7 +179,10 @@ def test_a_connection_the_engine_closed_while_idle_is_replaced_without_a_second_
     _Engine.close_after_answer = True
     with EngineClient(engine) as client:
         for index in range(3):
-            assert client.chat({"model": "m", "max_tokens": index})["echo"]["max_tokens"] == index
+            assert (
+                client.completion({"model": "m", "max_tokens": index})["echo"]["max_tokens"]
+                == index
+            )
     assert [body["max_tokens"] for body in _Engine.served] == [0, 1, 2]  # each ran once
 
 
@@ -181,7 +190,7 @@ def test_health_and_metrics_are_read_on_the_kept_alive_connection_of_the_posts(e
     with EngineClient(engine) as client:
         assert client.health()
         assert "vllm:num_requests_running 3.0" in client.metrics_text()
-        client.chat({"model": "m", "max_tokens": 1})
+        client.completion({"model": "m", "max_tokens": 1})
         assert client.health()
     assert len(set(_Engine.peers)) == 1  # one connection carried all four
 
@@ -218,7 +227,8 @@ def _chats(engine: str, count: int) -> list[object]:
     A short read timeout: a client waiting for an end that never comes fails in seconds."""
     with EngineClient(engine, generate_timeout_s=5) as client:
         return [
-            client.chat({"model": "m", "max_tokens": n})["echo"]["max_tokens"] for n in range(count)
+            client.completion({"model": "m", "max_tokens": n})["echo"]["max_tokens"]
+            for n in range(count)
         ]
 
 
@@ -255,10 +265,10 @@ def test_a_100_continue_before_the_answer_is_skipped(engine):
 
 def test_an_answer_cut_short_is_unavailable_and_not_sent_again(engine):
     with EngineClient(engine, generate_timeout_s=5) as client:
-        client.chat({"model": "m", "max_tokens": 1})
+        client.completion({"model": "m", "max_tokens": 1})
         _Engine.framing = "cut"  # on the kept-alive connection, after part of the answer came
         with pytest.raises(EngineUnavailable, match="completions: MalformedResponse"):
-            client.chat({"model": "m", "max_tokens": 2})
+            client.completion({"model": "m", "max_tokens": 2})
     assert [body["max_tokens"] for body in _Engine.served] == [1, 2]
 
 
@@ -267,18 +277,53 @@ def test_an_engine_that_is_gone_is_unavailable():
         EngineClient("http://127.0.0.1:9", timeout_s=2) as client,
         pytest.raises(EngineUnavailable),
     ):
-        client.chat({"model": "m"})
+        client.completion({"model": "m"})
+
+
+def _streamed(base_url: str, body: dict[str, object]) -> tuple[list[dict], Exception | None]:
+    """The chunks the dispatcher's client reads from a stream, and the error it ended with."""
+
+    async def main() -> tuple[list[dict], Exception | None]:
+        client = AsyncEngineClient(base_url, connect_timeout_s=2, generate_timeout_s=10)
+        received: list[dict] = []
+        try:
+            async for chunk in client.stream("/v1/chat/completions", body):
+                received.append(chunk)
+        except EngineUnavailable as exc:
+            return received, exc
+        finally:
+            await client.close()
+        return received, None
+
+    return asyncio.run(main())
 
 
 def test_a_whole_stream_yields_its_chunks_and_a_cut_one_raises_after_them(engine):
-    with EngineClient(engine) as client:
-        whole = list(client.stream_chat({"model": "m", "max_tokens": 5}))
-        _Engine.cut_stream = True
-        received: list[dict[str, object]] = []
-        with pytest.raises(EngineUnavailable, match="without \\[DONE\\]"):
-            received.extend(client.stream_chat({"model": "m", "max_tokens": 5}))
+    whole, error = _streamed(engine, {"model": "m", "max_tokens": 5, "stream": True})
+    assert error is None
+    _Engine.cut_stream = True
+    received, error = _streamed(engine, {"model": "m", "max_tokens": 5, "stream": True})
+    assert error is not None
+    assert "without [DONE]" in str(error)
     assert [c["choices"][0]["delta"]["content"] for c in whole] == ["Hel", "lo"]
     assert received == whole
+
+
+def test_the_dispatchers_client_posts_whole_answers_and_passes_refusals_on(engine):
+    async def main() -> tuple[dict, EngineRequestError]:
+        client = AsyncEngineClient(engine, connect_timeout_s=2, generate_timeout_s=10)
+        try:
+            answer = await client.generate("/v1/completions", {"model": "m", "max_tokens": 5})
+            with pytest.raises(EngineRequestError) as refused:
+                await client.generate("/v1/completions", {"model": "m", "max_tokens": -1})
+            return answer, refused.value
+        finally:
+            await client.close()
+
+    answer, refused = asyncio.run(main())
+    assert answer["usage"] == {"prompt_tokens": 3, "completion_tokens": 2}
+    assert refused.status_code == 400
+    assert "max_tokens must be at least 1" in refused.body
 
 
 def _picked_stream(queue: FairQueue) -> Job:
@@ -300,6 +345,23 @@ def _events(queue: FairQueue, job: Job) -> list[str]:
     ]
 
 
+def _run(queue: FairQueue, job: Job, base_url: str) -> RunResult:
+    async def main() -> RunResult:
+        client = AsyncEngineClient(base_url, connect_timeout_s=2, generate_timeout_s=10)
+        aio = AsyncFairQueue(queue, AsyncRedis(settings.REDIS_URL, max_connections=4,
+                                               read_timeout_s=5))  # fmt: skip
+        relay = Relay(aio)
+        try:
+            result = await run_job(aio, Run(job), client, relay)
+            await relay.flush(job)
+            return result
+        finally:
+            await client.close()
+            aio.redis.close()
+
+    return asyncio.run(main())
+
+
 @pytest.mark.parametrize("finish", [True, False])
 def test_a_stream_without_a_finish_reason_is_an_engine_failure_not_an_answer(
     engine, redis_db, finish
@@ -307,8 +369,7 @@ def test_a_stream_without_a_finish_reason_is_an_engine_failure_not_an_answer(
     _Engine.ends_with_a_reason = finish
     queue = fair_queue()
     job = _picked_stream(queue)
-    with EngineClient(engine) as client:
-        result = run_job(queue, job, client)
+    result = _run(queue, job, engine)
     if finish:  # the answer: its `done` event is told with the release (the caller's step)
         assert result.outcome == "success"
         assert result.done_event == {"event": "done", "usage": ANY, "attempt": job.attempt}

@@ -5,6 +5,7 @@ path still goes to Django."""
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import replace
 
 import pytest
@@ -70,13 +71,14 @@ def test_other_paths_are_served_by_django():
 
 
 def test_the_web_has_a_redis_connection_for_every_request_it_lets_wait(settings):
+    """And room beside them for the commands of admissions and cancels."""
     settings.GPUSHARE_MAX_WAITING_REQUESTS = 1234
 
     async def pool_size() -> int:
-        size: int = online._loop_state()[1].max_connections
-        return size
+        return online._loop_state().redis.max_connections
 
-    assert asyncio.run(pool_size()) == 1234  # redis-py's default of 100 failed the 101st
+    # redis-py's default of 100 failed the 101st
+    assert asyncio.run(pool_size()) == 1234 + online.COMMAND_CONNECTIONS
 
 
 def test_a_client_that_leaves_while_sending_its_body_gets_nothing_and_queues_nothing():
@@ -312,9 +314,13 @@ def test_a_job_past_its_queue_deadline_that_runs_is_followed_as_running(redis_db
                         max_tokens=1, kv_bytes=1, job_id="j8")  # fmt: skip
     past = time.time() - 60
     admitted = replace(waiting_request("j8"), job=replace(job, deadline=past))
-    assert online._check_still_coming(admitted, False, past, 0.0) == (job.deadline, False)
+
+    def still_coming() -> tuple[float, bool]:
+        return asyncio.run(online._check_still_coming(admitted, False, past, 0.0))
+
+    assert still_coming() == (job.deadline, False)
     assert queue.pick("p") is not None
-    assert online._check_still_coming(admitted, False, past, 0.0) == (past, True)
+    assert still_coming() == (past, True)
     assert online._wait_s(past, True, time.time()) == online.EVENTS_WAIT_S
 
 
@@ -326,3 +332,65 @@ def test_a_number_no_engine_takes_is_400_before_the_key_is_read(number):
     response = asgi_request("POST", CHAT, content=content)
     assert response.status_code == 400
     assert "not valid JSON" in error_of(response)["message"]
+
+
+def queued_job(job_id: str) -> online.Admitted:
+    """A chat request whose job `job_id` waits in the real queue."""
+    from scheduler.fairqueue.domain import EnginePolicy, TenantPolicy
+    from scheduler.pools import fair_queue
+
+    queue = fair_queue()
+    queue.set_tenant_policy("t", TenantPolicy(weight=1, quota_bytes=1 << 30))
+    queue.set_engine_policy(EnginePolicy("e", "p", kv_budget_bytes=1 << 30, max_num_seqs=1))
+    job = queue.enqueue(tenant="t", pool="p", request_class="interactive", prompt_tokens=1,
+                        max_tokens=1, kv_bytes=1, job_id=job_id)  # fmt: skip
+    return replace(waiting_request(job_id), job=job)
+
+
+def test_a_waiter_cancelled_while_it_waits_cancels_its_job_in_a_task_of_its_own(redis_db):
+    """The `finally:` of a cancelled waiter does not wait for Redis: the job's cancel is
+    handed to a task, which the loop runs once the waiter is gone."""
+    from scheduler import openai_api
+    from scheduler.pools import fair_queue
+
+    admitted = queued_job("j9")
+
+    async def leave() -> None:
+        waiter = asyncio.ensure_future(openai_api._whole(admitted, asyncio.Event()))
+        await asyncio.sleep(0.2)  # waiting for events
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert online._background  # the cancel, under way
+        await online.background_done()
+
+    asyncio.run(leave())
+    job = fair_queue().get_job("j9")
+    assert job is not None
+    assert job.state == "cancelled"
+    assert job.reason == "client_gone"
+
+
+def test_a_stream_broken_after_chunks_ends_with_an_error_its_row_written_in_a_thread(redis_db):
+    from scheduler import openai_api
+    from scheduler.pools import fair_queue
+    from tenants.usage_buffer import PENDING_KEY
+
+    admitted = queued_job("j10")
+    queue = fair_queue()
+    queue.publish("j10", {"event": "chunk", "attempt": 1, "data": {"choices": [{"index": 0}]}})
+    queue.publish("j10", {"event": "requeued", "reason": "engine_unavailable"})
+
+    async def relay() -> list[bytes]:
+        chunks = [chunk async for chunk in openai_api._sse(admitted, asyncio.Event())]
+        await online.background_done()
+        return chunks
+
+    chunks = asyncio.run(relay())
+    assert len(chunks) == 3  # the chunk, the error, [DONE]
+    assert b"engine was lost" in chunks[1]
+    job = queue.get_job("j10")
+    assert job is not None
+    assert job.state == "cancelled"
+    rows = redis_db.lrange(PENDING_KEY, 0, -1)
+    assert [json.loads(row)["error_code"] for row in rows] == ["stream_broken"]

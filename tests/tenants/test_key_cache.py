@@ -5,12 +5,16 @@ entry runs out, and a quiet key costs no database read."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 
 import pytest
 import redis
+from django.core.exceptions import SynchronousOnlyOperation
 from django.utils import timezone
 
+from config import change_marks
 from config.change_marks import counts
 from config.errors import InvalidApiKey
 from tenants import services
@@ -75,3 +79,35 @@ def test_revoking_keys_in_bulk_moves_the_mark_though_an_update_sends_no_signal(
     assert counts([services.tenant_changes()])[0] != before  # other processes read again
     with pytest.raises(InvalidApiKey):  # this process at once
         services.api_key_authenticate(raw_key=owner_key.raw_key)
+
+
+def test_on_the_webs_loop_a_key_that_ran_out_is_refreshed_by_a_thread_then_used(
+    short_lived: None, owner_key: IssuedKey, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop neither reads the mark (Redis) nor the row: it hands the step to a thread
+    (scheduler.online does), and uses the entry that thread refreshed."""
+    monkeypatch.delenv("DJANGO_ALLOW_ASYNC_UNSAFE", raising=False)
+    services.api_key_authenticate(raw_key=owner_key.raw_key)  # read, and its use written
+    run_out()
+    mark_reads: list[int] = []
+    counts_of_marks = change_marks.counts
+
+    def counted(marks: list[change_marks.ChangeMark]) -> tuple[str, ...]:
+        mark_reads.append(threading.get_ident())
+        return counts_of_marks(marks)
+
+    monkeypatch.setattr(change_marks, "counts", counted)
+
+    async def on_the_loop() -> int:
+        return services.api_key_authenticate(raw_key=owner_key.raw_key).pk
+
+    with pytest.raises(SynchronousOnlyOperation):
+        asyncio.run(on_the_loop())
+    assert mark_reads == []
+    thread = threading.Thread(
+        target=services.api_key_authenticate, kwargs={"raw_key": owner_key.raw_key}
+    )
+    thread.start()
+    thread.join(5)
+    assert mark_reads == [thread.ident]  # the thread read the mark: unchanged, no query
+    assert asyncio.run(on_the_loop()) == owner_key.api_key.pk

@@ -1,18 +1,66 @@
+"""The tenants' limits, checked both ways: `limits_admit` (sync) and `limits_admit_async`
+(an event loop's, the budget's seed in a thread), with the real Redis and database."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
+from django.conf import settings
 
-from tenants.limits import BudgetExhausted, RateLimited, limits_admit, limits_settle
+from config.aio_redis import AsyncRedis
+from tenants.limits import (
+    Admission,
+    BudgetExhausted,
+    RateLimited,
+    limits_admit_async,
+    limits_settle,
+)
+from tenants.limits import limits_admit as limits_admit_sync
 from tenants.models import UsageRecord
 from tenants.services import tenant_update
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)  # the async check's seed: in a thread
 
 # A moment 30 s into a minute: the previous minute still overlaps the window by half.
 NOW = 1_800_000_030.0
 
+Admit = Callable[..., Admission]
 
-def test_it_refuses_the_request_over_the_rpm_limit_with_retry_after(owner, redis_db):
+
+@pytest.fixture(params=["sync", "on_a_loop"])
+def limits_admit(request: pytest.FixtureRequest, seeds_in_threads: list[str]) -> Admit:
+    """`limits_admit`, or `limits_admit_async` run on an event loop (same arguments)."""
+    if request.param == "sync":
+        return limits_admit_sync
+
+    async def in_thread(work: Callable[[], None]) -> None:
+        seeds_in_threads.append(work.__name__)
+        await asyncio.to_thread(work)
+
+    def on_a_loop(**kwargs: Any) -> Admission:
+        async def check() -> Admission:
+            client = AsyncRedis(settings.REDIS_URL, max_connections=1, read_timeout_s=5)
+            try:
+                return await limits_admit_async(**kwargs, client=client, in_thread=in_thread)
+            finally:
+                client.close()
+
+        return asyncio.run(check())
+
+    return on_a_loop
+
+
+@pytest.fixture
+def seeds_in_threads() -> list[str]:
+    """The steps the async check handed to a thread."""
+    return []
+
+
+def test_it_refuses_the_request_over_the_rpm_limit_with_retry_after(owner, redis_db, limits_admit):
     tenant_update(tenant=owner, rpm_limit=3)
     for _ in range(3):
         limits_admit(tenant=owner, estimated_tokens=10, now=NOW)
@@ -23,7 +71,7 @@ def test_it_refuses_the_request_over_the_rpm_limit_with_retry_after(owner, redis
     assert "3 requests per minute" in caught.value.message
 
 
-def test_the_previous_minute_still_counts_in_the_sliding_window(owner, redis_db):
+def test_the_previous_minute_still_counts_in_the_sliding_window(owner, redis_db, limits_admit):
     tenant_update(tenant=owner, rpm_limit=4)
     for _ in range(4):
         limits_admit(tenant=owner, estimated_tokens=1, now=NOW)
@@ -33,7 +81,9 @@ def test_the_previous_minute_still_counts_in_the_sliding_window(owner, redis_db)
         limits_admit(tenant=owner, estimated_tokens=1, now=NOW + 46)
 
 
-def test_tpm_counts_the_estimate_and_settling_refunds_what_was_not_used(owner, redis_db):
+def test_tpm_counts_the_estimate_and_settling_refunds_what_was_not_used(
+    owner, redis_db, limits_admit
+):
     tenant_update(tenant=owner, tpm_limit=1000)
     admission = limits_admit(tenant=owner, estimated_tokens=800, now=NOW)
     with pytest.raises(RateLimited, match="1000 tokens per minute"):
@@ -42,7 +92,7 @@ def test_tpm_counts_the_estimate_and_settling_refunds_what_was_not_used(owner, r
     limits_admit(tenant=owner, estimated_tokens=300, now=NOW + 2)
 
 
-def test_other_tenants_are_not_limited_by_a_busy_one(owner, outsider, redis_db):
+def test_other_tenants_are_not_limited_by_a_busy_one(owner, outsider, redis_db, limits_admit):
     tenant_update(tenant=owner, rpm_limit=1)
     tenant_update(tenant=outsider, rpm_limit=1)
     limits_admit(tenant=owner, estimated_tokens=1, now=NOW)
@@ -51,7 +101,9 @@ def test_other_tenants_are_not_limited_by_a_busy_one(owner, outsider, redis_db):
         limits_admit(tenant=owner, estimated_tokens=1, now=NOW)
 
 
-def test_the_budget_survives_a_redis_restart_by_reading_the_ledger(owner, redis_db):
+def test_the_budget_survives_a_redis_restart_by_reading_the_ledger(
+    owner, redis_db, limits_admit, seeds_in_threads
+):
     tenant_update(tenant=owner, token_budget=1000, budget_period="day")
     UsageRecord.objects.create(
         request_id="r1", tenant=owner, model="m", request_class="standard", outcome="success",
@@ -63,14 +115,18 @@ def test_the_budget_survives_a_redis_restart_by_reading_the_ledger(owner, redis_
     with pytest.raises(BudgetExhausted) as caught:
         limits_admit(tenant=owner, estimated_tokens=1, now=NOW)
     assert caught.value.error_type == "insufficient_quota"
+    if limits_admit is not limits_admit_sync:
+        assert seeds_in_threads == ["seed"]  # once: the counter was there the second time
 
 
-def test_no_limits_means_no_refusals(owner, redis_db):
+def test_no_limits_means_no_refusals(owner, redis_db, limits_admit):
     for _ in range(50):
         limits_admit(tenant=owner, estimated_tokens=10_000, now=NOW)
 
 
-def test_without_limits_nothing_is_counted_so_settling_refunds_nothing(owner, redis_db):
+def test_without_limits_nothing_is_counted_so_settling_refunds_nothing(
+    owner, redis_db, limits_admit
+):
     """No round trip to Redis at either end of the request: settling an uncounted admission
     leaves even a counter that happens to exist alone."""
     admission = limits_admit(tenant=owner, estimated_tokens=500, now=NOW)

@@ -1,50 +1,89 @@
-"""The dispatch loop's bookkeeping on the real Redis fair queue: each job it runs is released
-once with its real tokens (with the next pick in the same step), a turn that ends hands the
-rest of the pool to a new message, and a failure after a job ran does not strand the job it
-had already picked. The engine call is replaced by a recorded result: what runs on a real
-engine is covered in tests/e2e and tests/reliability."""
+"""The dispatcher against the real Redis: a process holds as many runs at once as the fair
+queue admits (the engine's seats), far beyond any thread count; every job runs once and is
+released with its tokens, its answer and its ledger row; an idle picker is woken by new work
+without a Celery message; a job cancelled while it runs is stopped; a stopping worker drains
+its runs and gives back what is left. The engine is a stand-in coroutine: what is tested is
+the dispatcher's bookkeeping, not the engine call (tests/e2e drive a real engine)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 
 import pytest
-from django.conf import settings
 
 from scheduler.fairqueue import EnginePolicy, FairQueue, Job, TenantPolicy
 from scheduler.pools import fair_queue
 from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
 from workers import dispatch as dispatch_module
 from workers import tasks
-from workers.runner import RunResult
+from workers.dispatch import Dispatcher
+from workers.runner import Run, RunResult
 
 POOL = "m"
-IDLE_S = 0.5  # how long a loop with nothing to run waits (a minute when deployed)
 UNIT = 256 * 1024 * 1024
+SEATS = 40  # far above the worker's thread count (8 in `make run`)
+PAYLOAD = {"tenant_id": 7, "model": POOL, "endpoint": "chat", "stream": False}
 
 
 @pytest.fixture
-def queue(redis_db) -> FairQueue:
+def queue(redis_db, settings) -> FairQueue:
+    settings.GPUSHARE_DISPATCH_IDLE_S = 5.0
     queue = fair_queue()
-    queue.set_tenant_policy("acme", TenantPolicy(1, 8 * UNIT))
-    queue.set_engine_policy(EnginePolicy("e1", POOL, 8 * UNIT, 2))
+    queue.set_tenant_policy("acme", TenantPolicy(1, 100 * UNIT))
+    queue.set_engine_policy(EnginePolicy("e1", POOL, 100 * UNIT, SEATS))
     return queue
 
 
+class Engine:
+    """Runs are held until `open` is set; records the most held at once."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.running = 0
+        self.most = 0
+        self.ran: list[str] = []
+        self.stopped: list[str] = []
+
+    async def run_picked(self, dispatcher: Dispatcher, run: Run) -> RunResult:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            while not self.open.is_set():
+                if run.stopped:
+                    self.stopped.append(run.job.job_id)
+                    return RunResult(outcome="cancelled", finished_at=time.time())
+                await asyncio.sleep(0.02)
+            self.ran.append(run.job.job_id)
+            return RunResult(
+                outcome="success", prompt_tokens=10, completion_tokens=5, finished_at=time.time(),
+                done_event={"event": "done", "attempt": run.job.attempt},
+            )  # fmt: skip
+        finally:
+            self.running -= 1
+
+
 @pytest.fixture
-def ran(monkeypatch) -> list[Job]:
-    """Jobs 'run' in order; each used 10 prompt and 5 completion tokens."""
-    seen: list[Job] = []
+def engine(monkeypatch) -> Engine:
+    engine = Engine()
+    monkeypatch.setattr(dispatch_module, "run_picked", engine.run_picked)
+    return engine
 
-    def run_picked(queue: FairQueue, job: Job) -> RunResult:
-        seen.append(job)
-        return RunResult(outcome="success", prompt_tokens=10, completion_tokens=5)
 
-    monkeypatch.setattr(dispatch_module, "run_picked", run_picked)
-    monkeypatch.setattr(dispatch_module, "settle", lambda job, request, result: None)
-    return seen
+@pytest.fixture
+def summons(monkeypatch) -> list[str]:
+    sent: list[str] = []
+    monkeypatch.setattr(tasks.dispatch, "delay", sent.append)
+    return sent
+
+
+@pytest.fixture
+def dispatcher():
+    dispatcher = Dispatcher()
+    yield dispatcher
+    dispatcher.stop(drain_s=0)
 
 
 def enqueue(queue: FairQueue, count: int) -> list[str]:
@@ -58,173 +97,97 @@ def submit(queue: FairQueue) -> Job:
     )  # fmt: skip
 
 
-PAYLOAD = {"tenant_id": 7, "model": POOL, "endpoint": "chat", "stream": False}
+def wait_until(predicate, timeout: float = 10.0) -> bool:
+    ends = time.monotonic() + timeout
+    while time.monotonic() < ends:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
 
 
-def test_every_job_runs_once_and_is_released_with_its_tokens(queue, ran):
-    ids = enqueue(queue, 5)
-    assert dispatch_module.dispatch_pool(POOL, idle_s=IDLE_S) == 5
-    assert [job.job_id for job in ran] == ids
-    for job_id in ids:
-        fields = queue.redis.hgetall(queue.keys.job(job_id))
-        assert fields["state"] == "done"
-        assert (fields["used_prompt_tokens"], fields["used_completion_tokens"]) == ("10", "5")
-    snap = queue.snapshot()
-    assert snap.engine_reserved_bytes["e1"] == 0
-    assert snap.engine_inflight["e1"] == 0
-    assert queue.check().ok
+def test_a_process_fills_every_seat_of_its_engine_and_the_rest_waits_in_the_queue(
+    queue, engine, dispatcher, summons
+):
+    ids = enqueue(queue, SEATS + 10)
+    dispatcher.ensure(POOL)
+
+    assert wait_until(lambda: engine.running == SEATS)
+    time.sleep(0.3)  # no more than the seats, however long it runs
+    assert engine.most == SEATS
+    waiting = sum(row.waiting for row in queue.snapshot().queues)
+    assert waiting == 10  # the backlog is in the fair queue, nowhere else
+    engine.open.set()
+    assert wait_until(lambda: len(engine.ran) == len(ids))
+    assert sorted(engine.ran) == sorted(ids)  # each once
+    assert wait_until(lambda: queue.snapshot().engine_inflight == {"e1": 0})
+    assert queue.check().problems == []
 
 
-def test_each_run_tells_its_answer_and_its_ledger_row_with_its_release(queue, monkeypatch):
-    """The waiter's `done` event and the ledger's row go in the release's own step."""
-    answer = {"id": "cmpl-1", "choices": []}
-
-    def run_picked(queue: FairQueue, job: Job) -> RunResult:
-        done = {"event": "done", "body": answer, "attempt": job.attempt}
-        return RunResult(outcome="success", prompt_tokens=10, completion_tokens=5,
-                         finished_at=time.time(), done_event=done)  # fmt: skip
-
-    monkeypatch.setattr(dispatch_module, "run_picked", run_picked)
-    monkeypatch.setattr(dispatch_module, "settle", lambda job, request, result: None)
-    queue.redis.delete(USAGE_PENDING_KEY)
+def test_each_run_is_released_with_its_tokens_answer_and_ledger_row(
+    queue, engine, dispatcher, summons
+):
+    engine.open.set()
     ids = enqueue(queue, 3)
-    assert dispatch_module.dispatch_pool(POOL, idle_s=IDLE_S) == 3
+    dispatcher.ensure(POOL)
+
+    assert wait_until(lambda: dispatcher.ran == 3)
     for job_id in ids:
-        [event] = [json.loads(e) for e in queue.redis.lrange(queue.keys.events(job_id), 0, -1)
-                   if json.loads(e)["event"] == "done"]  # fmt: skip
-        assert event == {"event": "done", "body": answer, "attempt": 1}  # its first run
+        job = queue.get_job(job_id)
+        assert job is not None
+        assert job.state == "done"
+        assert queue.events(job_id)[-1]["event"] == "done"
     rows = [json.loads(row) for row in queue.redis.lrange(USAGE_PENDING_KEY, 0, -1)]
-    assert [(r["request_id"], r["tenant_id"], r["outcome"]) for r in rows] == [
-        (job_id, 7, "success") for job_id in ids
-    ]
-    assert [(r["prompt_tokens"], r["completion_tokens"]) for r in rows] == [(10, 5)] * 3
+    assert sorted(row["request_id"] for row in rows) == sorted(ids)
+    assert {(row["prompt_tokens"], row["completion_tokens"]) for row in rows} == {(10, 5)}
 
 
-def test_a_turn_that_ends_releases_its_job_and_hands_the_rest_on(queue, ran, monkeypatch):
-    sent: list[str] = []
-    monkeypatch.setattr(tasks.dispatch, "delay", sent.append)
-    enqueue(queue, 3)
-    assert dispatch_module.dispatch_pool(POOL, turn_s=0.0, idle_s=IDLE_S) == 1
-    # One message from the loop's start (more work waited and no loop was idle: it fans
-    # out), one from the end of its turn.
-    assert sent == [POOL, POOL]
-    assert queue.snapshot().engine_inflight["e1"] == 0
-    assert [row.waiting for row in queue.snapshot().queues] == [2]
-
-
-def test_a_failed_ledger_write_gives_back_the_job_picked_next(queue, ran, monkeypatch):
-    def fail(job: Job, request: dict, result: RunResult) -> None:
-        raise RuntimeError("the database is down")
-
-    monkeypatch.setattr(dispatch_module, "settle", fail)
-    first, second = enqueue(queue, 2)
-    with pytest.raises(RuntimeError):
-        dispatch_module.dispatch_pool(POOL, idle_s=IDLE_S)
-    assert queue.get_job(first).state == "done"
-    picked_again = queue.get_job(second)
-    assert picked_again is not None
-    assert picked_again.state == "queued"  # not left leased to a loop that stopped
-    assert queue.snapshot().engine_inflight["e1"] == 0
-    assert queue.check().ok
-
-
-def test_a_loop_with_nothing_to_run_waits_and_new_work_reaches_it_without_a_message(
-    queue, ran, monkeypatch
-):
-    sent: list[str] = []
-    monkeypatch.setattr(tasks.dispatch, "delay", sent.append)
-    done: list[int] = []
-    loop = threading.Thread(
-        target=lambda: done.append(dispatch_module.dispatch_pool(POOL, idle_s=IDLE_S))
-    )
-    loop.start()
-    deadline = time.monotonic() + 5
-    while not queue.redis.zcard(queue.keys.idle_loops(POOL)) and time.monotonic() < deadline:
-        time.sleep(0.01)  # until the loop has found nothing and waits
-
-    job, summon = queue.enqueue_summoning(
-        tenant="acme", pool=POOL, request_class="standard", prompt_tokens=10, max_tokens=20,
+def test_an_idle_picker_is_woken_by_new_work_without_a_message(queue, engine, dispatcher, summons):
+    engine.open.set()
+    dispatcher.ensure(POOL)
+    time.sleep(0.3)  # nothing to run: the picker waits in Redis
+    first = queue.enqueue_summoning(
+        tenant="acme", pool=POOL, request_class="standard", prompt_tokens=1, max_tokens=1,
         kv_bytes=UNIT, payload=json.dumps(PAYLOAD),
     )  # fmt: skip
+    assert first[1] is False  # a picker was idle: no message needed
 
-    assert summon is False
-    loop.join(timeout=10)
-    assert done == [1]  # it ran the job, then waited in vain and ended
-    assert [j.job_id for j in ran] == [job.job_id]
-    assert sent == []  # no Celery message on the way
-    assert queue.redis.zcard(queue.keys.idle_loops(POOL)) == 0
+    assert wait_until(lambda: engine.ran == [first[0].job_id])
+    assert summons == []
 
 
-def test_a_process_runs_no_more_loops_than_its_threads_less_the_free_ones(queue, ran, monkeypatch):
-    """Loops wait for work instead of ending: the threads kept free run the other tasks."""
-    seats = dispatch_module._LoopSeats()
-    monkeypatch.setattr(dispatch_module, "loop_seats", seats)
-    monkeypatch.setattr(settings, "GPUSHARE_WORKER_FREE_THREADS", 2)
-    seats.size_for(3)  # one loop
-    first = threading.Thread(target=lambda: dispatch_module.dispatch_pool(POOL, idle_s=5))
-    first.start()
-    deadline = time.monotonic() + 5
-    while not queue.redis.zcard(queue.keys.idle_loops(POOL)) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    started = time.monotonic()
-    assert dispatch_module.dispatch_pool(POOL, idle_s=5) == 0  # no seat: back at once
-    assert time.monotonic() - started < 1
-    seats.stopping.set()  # a warm shutdown: the waiting loop ends within a wait slice
-    first.join(timeout=3)
-    assert not first.is_alive()
-    assert queue.redis.zcard(queue.keys.idle_loops(POOL)) == 0  # and is no longer idle
+def test_a_job_cancelled_while_it_runs_is_stopped(queue, engine, dispatcher, summons):
+    (job_id,) = enqueue(queue, 1)
+    dispatcher.ensure(POOL)
+    assert wait_until(lambda: engine.running == 1)
+
+    queue.cancel(job_id, reason="client_gone")
+
+    assert wait_until(lambda: engine.stopped == [job_id], timeout=5)
+    assert wait_until(lambda: dispatcher.ran == 1)
+    assert queue.snapshot().engine_inflight == {"e1": 0}
 
 
-def test_a_loop_hands_its_database_connection_back_after_each_job(
-    queue, ran, monkeypatch, transactional_db
-):
-    """Loops live for minutes; a connection held meanwhile would be missing from the pool.
-    (Counted at `close`: an in-memory SQLite test database ignores it, PostgreSQL's pool
-    takes the connection back.)"""
-    from django.db import connection
+def test_a_stopping_worker_drains_then_gives_back_what_is_left(queue, engine, dispatcher, summons):
+    ids = enqueue(queue, 3)
+    dispatcher.ensure(POOL)
+    assert wait_until(lambda: engine.running == 3)
 
-    from tenants.models import Tenant
+    dispatcher.stop(drain_s=0.2)
 
-    events: list[str] = []
-    real_close = connection.close
-
-    def close() -> None:
-        events.append("close")
-        real_close()
-
-    def settle(job: Job, request: dict, result: RunResult) -> None:
-        Tenant.objects.count()  # as a batch line's write would
-        events.append("query")
-
-    monkeypatch.setattr(connection, "close", close)
-    monkeypatch.setattr(dispatch_module, "settle", settle)
-    enqueue(queue, 2)
-    assert dispatch_module.dispatch_pool(POOL, idle_s=IDLE_S) == 2
-    assert events == ["query", "close", "query", "close"]  # handed back after each job
+    for job_id in ids:
+        job = queue.get_job(job_id)
+        assert job is not None
+        assert job.state == "queued"
+        assert job.attempt == 1
+    assert queue.snapshot().engine_inflight == {"e1": 0}
 
 
-def test_a_loop_woken_as_its_worker_stops_hands_the_work_to_a_new_loop(queue, ran, monkeypatch):
-    seats = dispatch_module._LoopSeats()
-    monkeypatch.setattr(dispatch_module, "loop_seats", seats)
-    sent: list[str] = []
-    monkeypatch.setattr(tasks.dispatch, "delay", sent.append)
-    done: list[int] = []
-    loop = threading.Thread(
-        target=lambda: done.append(dispatch_module.dispatch_pool(POOL, idle_s=5))
-    )
-    loop.start()
-    deadline = time.monotonic() + 5
-    while not queue.redis.zcard(queue.keys.idle_loops(POOL)) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    seats.stopping.set()  # the warm shutdown begins...
-    job, summon = queue.enqueue_summoning(
-        tenant="acme", pool=POOL, request_class="standard", prompt_tokens=10, max_tokens=20,
-        kv_bytes=UNIT, payload=json.dumps(PAYLOAD),
-    )  # fmt: skip
-    assert summon is False  # ...as new work wakes the loop
-    loop.join(timeout=5)
-    assert done == [0]  # it did not start the job while its worker stops
-    assert sent == [POOL]  # but summoned a loop (here or on another worker) for it
-    fresh = queue.get_job(job.job_id)
-    assert fresh is not None
-    assert fresh.state == "queued"
+def test_a_summons_starts_the_picker_once_and_nudges_it_after(queue, engine, dispatcher, summons):
+    engine.open.set()
+    dispatcher.ensure(POOL)
+    dispatcher.ensure(POOL)  # the second finds it running: a nudge
+    ids = enqueue(queue, 2)  # enqueued without waking anyone (not enqueue_summoning)
+    dispatcher.ensure(POOL)
+
+    assert wait_until(lambda: sorted(engine.ran) == sorted(ids))

@@ -16,7 +16,8 @@ from scheduler.gpu_inventory import node_name
 from scheduler.models import Device, Engine, EngineStatus
 from scheduler.pools import fair_queue, sync_all_engines, sync_tenant
 from tests.factories import TenantFactory
-from workers.dispatch import run_picked
+from workers.dispatch import Dispatcher, run_picked
+from workers.runner import Run, RunResult
 
 MODEL = "tiny"
 MODEL_CONFIG = {
@@ -36,7 +37,7 @@ def dead_pid() -> int:
 
 
 @pytest.fixture
-def queue(redis_db, db) -> FairQueue:
+def queue(redis_db, transactional_db) -> FairQueue:
     queue = fair_queue()
     sync_tenant(TenantFactory.create(slug="acme", quota_units=16))
     return queue
@@ -53,6 +54,14 @@ def make_engine(node: str, model_dir, name: str, *, port: int, kv_tokens: int) -
         footprint_units=4, port=port, status=EngineStatus.READY, kv_capacity_tokens=kv_tokens,
         max_num_seqs=8, pid=dead_pid(),
     )  # fmt: skip
+
+
+def run_on_dispatcher(queue: FairQueue, job) -> RunResult:
+    dispatcher = Dispatcher(queue=lambda: queue)
+    try:
+        return dispatcher.run_soon(lambda d: run_picked(d, Run(job))).result(timeout=30)
+    finally:
+        dispatcher.stop(drain_s=0)
 
 
 def pick_on_dead_engine(queue: FairQueue):
@@ -79,7 +88,7 @@ def test_a_dead_engine_of_this_node_is_failed_before_its_job_goes_back(queue, mo
     sync_all_engines(queue)
     job = pick_on_dead_engine(queue)
 
-    result = run_picked(queue, job)
+    result = run_on_dispatcher(queue, job)
 
     assert result.outcome == "requeued"
     dead = Engine.objects.get(name="dead")
@@ -97,5 +106,5 @@ def test_an_unreachable_engine_of_another_node_is_left_to_its_node(queue, model_
     sync_all_engines(queue)
     job = pick_on_dead_engine(queue)
 
-    assert run_picked(queue, job).outcome == "requeued"
+    assert run_on_dispatcher(queue, job).outcome == "requeued"
     assert Engine.objects.get(name="dead").status == EngineStatus.READY

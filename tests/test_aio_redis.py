@@ -1,6 +1,8 @@
-"""The web's BLPOP client against the real Redis: elements and timeouts, many waiters at once
-on their own keys, a pool smaller than the waiters, a cancelled call that pops nothing, kept
-connections that Redis closed meanwhile, and the errors of a Redis that is away or silent."""
+"""The platform's asyncio Redis client against the real Redis, and against redis-py's asyncio
+client (the library it replaces: same replies, same error classes): commands, pipelines, scripts
+that Redis forgot, BLPOP elements and timeouts, many waiters at once on their own keys, a pool
+smaller than the waiters, a cancelled call that pops nothing, kept connections that Redis closed
+meanwhile, and the errors of a Redis that is away or silent."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import redis
 import uvloop
 from django.conf import settings
 
-from config.blocking_pops import BlockingPops, pack_command
+from config.aio_redis import AsyncRedis, pack_command
 
 
 @pytest.fixture(params=["asyncio", "uvloop"])
@@ -22,8 +24,8 @@ def run(request):
     return asyncio.run if request.param == "asyncio" else uvloop.run
 
 
-def pops(max_connections: int = 10, read_timeout_s: float = 5.0) -> BlockingPops:
-    return BlockingPops(
+def pops(max_connections: int = 10, read_timeout_s: float = 5.0) -> AsyncRedis:
+    return AsyncRedis(
         settings.REDIS_URL, max_connections=max_connections, read_timeout_s=read_timeout_s
     )
 
@@ -107,7 +109,7 @@ def test_a_redis_that_is_away_is_a_connection_error(run):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # nothing listens there once closed
-    reader = BlockingPops(f"redis://127.0.0.1:{port}/0", max_connections=1, read_timeout_s=1)
+    reader = AsyncRedis(f"redis://127.0.0.1:{port}/0", max_connections=1, read_timeout_s=1)
     with pytest.raises(redis.ConnectionError):
         run(reader.blpop("events", 1))
 
@@ -116,7 +118,7 @@ def test_a_redis_that_does_not_answer_is_a_timeout(run):
     async def main() -> None:
         server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        reader = BlockingPops(f"redis://127.0.0.1:{port}/0", max_connections=1, read_timeout_s=0.2)
+        reader = AsyncRedis(f"redis://127.0.0.1:{port}/0", max_connections=1, read_timeout_s=0.2)
         try:
             await reader.blpop("events", 0)
         finally:
@@ -163,3 +165,80 @@ def test_kept_connections_that_redis_closed_are_replaced_without_a_failure(
     answers = run(main())
     assert answers == [(b"events", f"event {n}".encode()) for n in range(4)]
     assert time.monotonic() - started < 2  # no call waited for a reply that could not come
+
+
+def test_commands_and_pipelines_answer_as_redis_py_does(redis_db: redis.Redis, run):
+    """The contract with the library this client replaces: each reply equals what redis-py's
+    asyncio client (without decoding) answers to the same commands on the same data."""
+    import redis.asyncio as aioredis
+
+    commands: list[tuple[str | int | float, ...]] = [
+        ("RPUSH", "l", "a", "é", "c"),
+        ("LRANGE", "l", 0, -1),
+        ("HSET", "h", "x", "1", "y", "2.5"),
+        ("HMGET", "h", "x", "missing", "y"),
+        ("INCRBY", "n", 7),
+        ("GET", "missing"),
+        ("ZADD", "z", 1.5, "m"),
+        ("ZRANGE", "z", 0, -1, "WITHSCORES"),
+        ("EXISTS", "l", "h", "nope"),
+    ]
+
+    async def ours() -> list[object]:
+        client = pops()
+        single = [await client.call(*command) for command in commands]
+        redis_db.flushdb()
+        piped = await client.pipeline(commands)
+        client.close()
+        assert piped == single
+        return single
+
+    async def theirs() -> list[object]:
+        client = aioredis.Redis.from_url(settings.REDIS_URL)
+        answers = [await client.execute_command(*command) for command in commands]
+        await client.aclose()
+        return answers
+
+    mine = run(ours())
+    redis_db.flushdb()
+    reference = run(theirs())
+    # redis-py turns some replies into Python values of its own (ZRANGE's scores into
+    # floats, EXISTS into an int); the wire's replies are compared where it passes them on.
+    for got, want, command in zip(mine, reference, commands, strict=True):
+        if command[0] == "ZRANGE":
+            assert got == [b"m", b"1.5"]
+            assert [list(pair) for pair in want] == [[b"m", 1.5]]
+        else:
+            assert got == want, command
+
+
+def test_a_pipeline_raises_the_first_error_after_reading_every_reply(redis_db: redis.Redis, run):
+    redis_db.set("s", "text")
+
+    async def main() -> object:
+        client = pops(max_connections=1)
+        with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+            await client.pipeline([("SET", "a", "1"), ("LPUSH", "s", "x"), ("SET", "b", "2")])
+        after = await client.call("MGET", "a", "b")  # the same connection, still in step
+        client.close()
+        return after
+
+    assert run(main()) == [b"1", b"2"]
+
+
+def test_a_script_redis_forgot_is_loaded_and_run_once(redis_db: redis.Redis, run):
+    source = "return redis.call('INCR', KEYS[1])"
+    sha = redis_db.script_load(source)
+    redis_db.script_flush()
+
+    async def main() -> object:
+        client = pops()
+        with pytest.raises(redis.exceptions.NoScriptError):
+            await client.call("EVALSHA", sha, 1, "counter")
+        first = await client.evalsha(sha, source, 1, "counter")
+        second = await client.evalsha(sha, source, 1, "counter")
+        client.close()
+        return first, second
+
+    assert run(main()) == (1, 2)
+    assert redis_db.get("counter") in ("2", b"2")

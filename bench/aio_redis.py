@@ -1,4 +1,4 @@
-"""The web's wait for a job's event: CPU per BLPOP of `config.blocking_pops.BlockingPops`
+"""The web's wait for a job's event: CPU per BLPOP of `config.aio_redis.AsyncRedis`
 against redis-py's asyncio client (what the web used before), in the same run.
 
 Fills a list with event-sized elements, then pops them one call at a time on the web's event
@@ -6,7 +6,7 @@ loop (uvloop), each way in alternating rounds, and prints the client's CPU time 
 (time.process_time: only this process's CPU) and the ratio new/old. Redis's own CPU is the
 same either way (the same command).
 
-    .venv/bin/python bench/blocking_pops.py --calls 3000 --rounds 3
+    .venv/bin/python bench/aio_redis.py --calls 3000 --rounds 3
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from config.blocking_pops import BlockingPops
+from config.aio_redis import AsyncRedis
 
 KEY = "bench:events"
 EVENT = '{"event":"done","attempt":1,"usage":{"prompt_tokens":12,"completion_tokens":64}}'
@@ -38,7 +38,7 @@ async def redis_py(url: str, calls: int) -> float:
 
 
 async def blocking_pops(url: str, calls: int) -> float:
-    pops = BlockingPops(url, max_connections=1, read_timeout_s=60)
+    pops = AsyncRedis(url, max_connections=1, read_timeout_s=60)
     await pops.blpop(KEY, 1)  # connects: not counted, as redis-py's ping above
     per_call = await _timed(lambda: pops.blpop(KEY, 1), calls)
     pops.close()
@@ -65,7 +65,7 @@ def main() -> None:
     for round_ in range(1, args.rounds + 1):
         for name, run, results in (
             ("redis-py", redis_py, old),
-            ("BlockingPops", blocking_pops, new),
+            ("AsyncRedis", blocking_pops, new),
         ):
             sync.delete(KEY)
             sync.rpush(KEY, *([EVENT] * (args.calls + 1)))
@@ -73,7 +73,7 @@ def main() -> None:
             print(f"round {round_}  {name:>12}: {results[-1] * 1e6:6.1f} us CPU per BLPOP")
     sync.delete(KEY)
     best_old, best_new = min(old), min(new)
-    print(f"redis-py asyncio: {best_old * 1e6:.1f} us, BlockingPops: {best_new * 1e6:.1f} us "
+    print(f"redis-py asyncio: {best_old * 1e6:.1f} us, AsyncRedis: {best_new * 1e6:.1f} us "
           f"(best round each); ratio new/old: {best_new / best_old:.2f}")  # fmt: skip
 
 
