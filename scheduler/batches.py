@@ -551,8 +551,8 @@ def line_job_id(batch: Batch, line: BatchLine) -> str:
 
 
 def _feed(batch: Batch, queue: FairQueue, now: datetime) -> list[str]:
-    """Re-feeds lost lines and tops the batch up to its window; returns a pool per line fed
-    (each dispatch keeps one worker thread busy, as one online request does)."""
+    """Re-feeds lost lines and tops the batch up to its window; returns the pools it fed
+    (each to be summoned once: a pool's picker runs as many lines as the queue admits)."""
     live, lost = _audit_queued(batch, queue, now)
     for line in lost:
         log.info(
@@ -679,9 +679,8 @@ class _Feeder:
         line.state, line.job_id, line.runs = LineState.QUEUED, job_id, line.runs + 1
         line.fed_at, line.lost_seen_at = self.now, None
         self.fed.append(line)
-        # One dispatch keeps one worker thread picking; more than the engine runs at once
-        # only queue up behind each other.
-        if self.dispatches.count(route.pool) < route.engine.max_num_seqs:
+        # One summons per pool: the picker it starts runs as many lines as the queue admits.
+        if route.pool not in self.dispatches:
             self.dispatches.append(route.pool)
         return True
 

@@ -25,7 +25,6 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar
 
 import httpx
-import redis
 from django.conf import settings
 from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connection
@@ -37,6 +36,7 @@ from config.errors import DomainError, Forbidden, NotFound
 from config.ttlcache import TtlCache
 from scheduler.fairqueue.aio import AsyncFairQueue
 from scheduler.fairqueue.domain import Job, JobRejected, JobState
+from scheduler.fairqueue.inbox import Inbox, parse_event
 from scheduler.fairqueue.queue import FairQueue
 from scheduler.inference import (
     InferenceRequest,
@@ -120,6 +120,9 @@ class Admitted:
     tenant_id: int
     api_key_id: int
     received_at: float
+    # Where the loop's inbox puts the job's events: registered before the job is queued.
+    # None: registered when followed (tests that make up a request already waiting).
+    events: asyncio.Queue[bytes] | None = None
 
 
 @dataclass(frozen=True)
@@ -182,8 +185,9 @@ class _LoopState(NamedTuple):
     """The clients of one event loop (a client is bound to the loop it was made on)."""
 
     http: httpx.AsyncClient
-    redis: AsyncRedis  # the waits for events (BLPOP) and every command the loop sends
+    redis: AsyncRedis  # every command the loop sends
     queue: AsyncFairQueue  # the fair queue's scripts, over `redis`
+    inbox: Inbox  # the events of every job the loop waits on
 
 
 # Keyed by the loop itself (weakly).
@@ -206,6 +210,11 @@ EVENTS_READ_TIMEOUT_S = 60.0
 COMMAND_CONNECTIONS = 100
 
 
+def inbox_name() -> str:
+    """A new inbox's name: one per event loop, unique across the platform's processes."""
+    return uuid.uuid4().hex
+
+
 def _loop_state() -> _LoopState:
     """The clients of the running event loop, made once: a new HTTP client costs tens of ms
     of CPU (TLS context), a new Redis client new connections."""
@@ -220,7 +229,9 @@ def _loop_state() -> _LoopState:
             max_connections=settings.GPUSHARE_MAX_WAITING_REQUESTS + COMMAND_CONNECTIONS,
             read_timeout_s=EVENTS_READ_TIMEOUT_S,
         )
-        state = _loop_clients[loop] = _LoopState(http, client, AsyncFairQueue(fair_queue(), client))
+        queue = AsyncFairQueue(fair_queue(), client)
+        inbox = Inbox(client, queue.keys.inbox(inbox_name()))
+        state = _loop_clients[loop] = _LoopState(http, client, queue, inbox)
     return state
 
 
@@ -285,6 +296,7 @@ async def _enqueue(prepared: _Prepared, prompt_tokens: int, received_at: float) 
     )
     job_id = uuid.uuid4().hex
     payload = {
+        "inbox": state.inbox.key,
         "endpoint": request.endpoint,
         "body": body,
         "stream": request.stream,
@@ -310,7 +322,9 @@ async def _enqueue(prepared: _Prepared, prompt_tokens: int, received_at: float) 
         "kv_bytes": kv_bytes,
         "payload": wire.dumps(payload),
         "job_id": job_id,
+        "inbox": state.inbox.key,
     }
+    events = state.inbox.register(job_id)  # before the job can say anything
     # A task of its own, shielded: a client that leaves meanwhile does not cut the script's
     # call short, which would leave a job queued that nobody waits for (a task and a shield:
     # about 5 us of CPU under uvloop).
@@ -318,13 +332,18 @@ async def _enqueue(prepared: _Prepared, prompt_tokens: int, received_at: float) 
     try:
         job, summon = await asyncio.shield(queuing)
     except asyncio.CancelledError:
+        state.inbox.unregister(job_id)
         _keep(f"the cancel of job {job_id}", asyncio.ensure_future(_cancel_once_queued(queuing)))
         raise
     except JobRejected as exc:
+        state.inbox.unregister(job_id)
         raise _rejection(exc) from None
+    except BaseException:
+        state.inbox.unregister(job_id)
+        raise
     if summon:  # no dispatch loop was waiting for work: start one
         _in_background(f"summoning a dispatch loop of {route.pool}", _summon, route.pool)
-    return Admitted(job, request, api_key.tenant_id, api_key.pk, received_at)
+    return Admitted(job, request, api_key.tenant_id, api_key.pk, received_at, events)
 
 
 async def _queue_job(
@@ -472,24 +491,27 @@ async def follow(
     `_stale`). Ends with CancelledError once `client_gone` is set (at the latest when the
     wait under way ends, see `_wait_s`), so the caller's clean-up cancels the job even if the
     task's own cancellation was lost."""
-    state = _loop_state()
-    key = state.queue.keys.events(admitted.job.job_id)
+    try:
+        async for event in _follow(admitted, client_gone):
+            yield event
+    finally:
+        _loop_state().inbox.unregister(admitted.job.job_id)
+
+
+async def _follow(
+    admitted: Admitted, client_gone: asyncio.Event | None
+) -> AsyncIterator[dict[str, Any]]:
+    events = admitted.events or _loop_state().inbox.register(admitted.job.job_id)
     requeues = 0
     running = False  # its current run has spoken, or the queue said it runs
     deadline = admitted.job.deadline  # a requeue gives the job a fresh one
     last_event = time.time()
     while True:
-        try:  # BLPOP holds one of the client's connections while it waits
-            answer = await state.redis.blpop(key, _wait_s(deadline, running, time.time()))
-        except redis.TimeoutError:
-            # The reply is late past its margin: the machine stalled (a CPU engine starting
-            # can freeze two cores for seconds). Not news, and not a reason to fail the
-            # request: the checks below decide when waiting is over.
-            answer = None
+        raw = await _next_event(events, _wait_s(deadline, running, time.time()))
         if client_gone is not None and client_gone.is_set():
             raise asyncio.CancelledError
         now = time.time()
-        if answer is None:
+        if raw is None:
             deadline, found_running = await _check_still_coming(
                 admitted, running, deadline, now - last_event
             )
@@ -497,7 +519,7 @@ async def follow(
                 running, last_event = True, now
             continue
         last_event = now
-        event: dict[str, Any] = wire.loads(answer[1])
+        event = parse_event(raw)
         kind = event.get("event")
         if kind in RUN_WORDS:
             if _stale(event, requeues):
@@ -508,6 +530,17 @@ async def follow(
         yield event
         if kind in FINAL_EVENTS:
             return
+
+
+async def _next_event(events: asyncio.Queue[bytes], wait_s: float) -> bytes | None:
+    """The job's next event from the inbox, or None when none came within `wait_s`."""
+    if not events.empty():
+        return events.get_nowait()
+    try:
+        async with asyncio.timeout(wait_s):
+            return await events.get()
+    except TimeoutError:
+        return None
 
 
 def _stale(words: dict[str, Any], requeues: int) -> bool:

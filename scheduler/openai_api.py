@@ -251,15 +251,13 @@ async def _sse(
     """The engine's chunks as OpenAI SSE, ending with `data: [DONE]`. A run that is lost
     after chunks were sent cannot be resumed invisibly: the stream ends with an error."""
     finished = False
-    sent_chunks = 0  # chunks with content the client has (about one token each)
+    sent_chunks = 0  # chunks the client has (about one token each)
     try:
         async for event in online.follow(admitted, client_gone):
             kind = event["event"]
-            if kind == "chunk":
-                chunk = _client_chunk(event["data"], admitted.request.include_usage)
-                if chunk is not None:
-                    sent_chunks += 1 if chunk.get("choices") else 0
-                    yield _sse_data(chunk)
+            if kind == "chunk":  # as the worker passed it on (see workers.runner.client_data)
+                sent_chunks += 1
+                yield b"data: " + event["raw"] + b"\n\n"
             elif kind == "requeued" and sent_chunks:
                 online.cancel(admitted, "stream_broken")
                 online.record_broken_stream(admitted, sent_chunks)
@@ -286,16 +284,6 @@ async def _sse(
     finally:
         if not finished:
             online.cancel(admitted, "client_gone")
-
-
-def _client_chunk(chunk: dict[str, Any], include_usage: bool) -> dict[str, Any] | None:
-    """The platform always asks the engine for usage (to charge real tokens); a client that
-    did not ask for it gets chunks without it, as from OpenAI."""
-    if include_usage:
-        return chunk
-    if not chunk.get("choices") and chunk.get("usage"):
-        return None
-    return {k: v for k, v in chunk.items() if k != "usage"}
 
 
 def _stream_error(message: str, code: str = "engine_unavailable") -> dict[str, Any]:

@@ -28,6 +28,7 @@ from scheduler.engines.aio_client import AsyncEngineClient
 from scheduler.engines.client import EngineRequestError, EngineUnavailable
 from scheduler.fairqueue.aio import AsyncFairQueue
 from scheduler.fairqueue.domain import Job
+from scheduler.fairqueue.inbox import chunk_entry, event_entry
 from scheduler.units import UNIT_BYTES
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class Run:
     def __init__(self, job: Job) -> None:
         self.job = job
         self.request: dict[str, Any] = wire.loads(job.payload)
+        self.inbox: str = self.request.get("inbox") or ""  # its waiter's (none: a batch line)
         self.stopped: str = ""  # "lost" (no longer ours) or "worker_stopping"
         self.call: asyncio.Future[None] | None = None
 
@@ -79,29 +81,49 @@ class Relay:
     """Events for waiters, written to Redis together: every event published while a write is
     under way goes in the next one (each job's in order), so a process whose streams decode
     in step (one chunk each per engine step) writes one round trip per step, not one per
-    stream. `flush` waits until what was published before it is written: a run's final
-    words, told with its release, must come after its chunks."""
+    stream. An event goes to its waiter's inbox (`scheduler.fairqueue.inbox`), or to the
+    job's own list when nobody waits (a batch line). `flush` waits until what was published
+    before it is written: a run's final words, told with its release, must come after its
+    chunks."""
 
     def __init__(self, queue: AsyncFairQueue) -> None:
         self._queue = queue
-        self._pending: list[tuple[str, str]] = []
+        self._pending: list[tuple[str, str | bytes]] = []
+        self._jobs: list[str] = []  # the job of each pending entry
         self._writer: asyncio.Future[None] | None = None
         self._failed: dict[str, BaseException] = {}
 
-    def publish(self, job: Job, event: dict[str, Any]) -> None:
-        self._pending.append((job.job_id, wire.dumps({**event, "attempt": job.attempt})))
+    def publish(self, run: Run, event: dict[str, Any]) -> None:
+        job = run.job
+        raw = wire.dumps({**event, "attempt": job.attempt})
+        if run.inbox:
+            self._add(job, run.inbox, event_entry(job.job_id, raw))
+        else:
+            self._add(job, self._queue.keys.events(job.job_id), raw)
+
+    def chunk(self, run: Run, data: bytes, chunk: dict[str, Any]) -> None:
+        """A streamed chunk: `data` (its JSON as the client gets it) to the inbox, unparsed."""
+        job = run.job
+        if run.inbox:
+            self._add(job, run.inbox, chunk_entry(job.job_id, job.attempt, data))
+        else:
+            self.publish(run, {"event": "chunk", "data": chunk})
+
+    def _add(self, job: Job, key: str, entry: str | bytes) -> None:
+        self._pending.append((key, entry))
+        self._jobs.append(job.job_id)
         if self._writer is None:
             self._writer = asyncio.ensure_future(self._write())
 
     async def _write(self) -> None:
         try:
             while self._pending:
-                batch, self._pending = self._pending, []
+                batch, jobs, self._pending, self._jobs = self._pending, self._jobs, [], []
                 try:
                     await self._queue.publish_many(batch)
                 except Exception as exc:  # Redis away: each run whose words were lost hears
                     log.warning("could not relay %d events: %s", len(batch), exc)
-                    for job_id, _ in batch:
+                    for job_id in jobs:
                         self._failed[job_id] = exc
         finally:
             self._writer = None
@@ -131,10 +153,10 @@ async def run_job(
     releases it with the result's token counts, telling its `done_event` in the same step
     (after `relay.flush`). `on_engine_lost` runs when the engine cannot be reached, before the
     job is requeued. A run stopped by its dispatcher ends as "cancelled"."""
-    job, request = run.job, run.request
+    job = run.job
     result = RunResult(outcome="success")
     try:
-        run.call = asyncio.ensure_future(_call_engine(job, client, request, relay, result))
+        run.call = asyncio.ensure_future(_call_engine(run, client, relay, result))
         if run.stopped:
             run.call.cancel()
         try:
@@ -146,14 +168,14 @@ async def run_job(
             raise  # the dispatcher itself is being torn down
         result.outcome = "cancelled"
     except EngineRequestError as exc:
-        _answer_engine_refusal(job, relay, exc, result)
+        _answer_engine_refusal(run, relay, exc, result)
     except EngineUnavailable as exc:
-        return await _engine_lost(queue, job, relay, str(exc), result, on_engine_lost)
+        return await _engine_lost(queue, run, relay, str(exc), result, on_engine_lost)
     except Exception as exc:  # never leave a waiter hanging on a bug
         log.exception("job %s failed", job.job_id)
         result.outcome, result.status_code, result.error_code = "error", 500, "internal_error"
         result.error_body = _openai_error(f"The job failed: {exc}", "internal_error")
-        relay.publish(job, {"event": "error", "status": 500, "body": result.error_body})
+        relay.publish(run, {"event": "error", "status": 500, "body": result.error_body})
     result.finished_at = time.time()
     return result
 
@@ -167,12 +189,9 @@ def engine_body(request: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _call_engine(
-    job: Job,
-    client: AsyncEngineClient,
-    request: dict[str, Any],
-    relay: Relay,
-    result: RunResult,
+    run: Run, client: AsyncEngineClient, relay: Relay, result: RunResult
 ) -> None:
+    job, request = run.job, run.request
     path, body = ENDPOINT_PATHS[request["endpoint"]], engine_body(request)
     if not request["stream"]:
         response = await client.generate(path, body)
@@ -184,18 +203,33 @@ async def _call_engine(
         }  # fmt: skip
         return
     finished = False
-    async for chunk in client.stream(path, body):
+    include_usage = bool(request.get("include_usage"))
+    async for data in client.stream(path, body):
+        chunk = wire.loads(data)
         choices = chunk.get("choices") or []
         if result.first_token_at is None and choices:
             result.first_token_at = time.time()
         finished = finished or any(choice.get("finish_reason") for choice in choices)
         _count_usage(result, chunk.get("usage"))
-        relay.publish(job, {"event": "chunk", "data": chunk})
+        passed_on = client_data(data, chunk, include_usage)
+        if passed_on is not None:
+            relay.chunk(run, passed_on, chunk)
     if not finished:
         # An engine whose core died can still end the stream with [DONE] (seen when the
         # engine was killed mid-stream): without a finish reason, the answer is cut short.
         raise EngineUnavailable("the engine's stream ended without a finish reason")
     result.done_event = {"event": "done", "usage": _usage(result), "attempt": job.attempt}
+
+
+def client_data(data: bytes, chunk: dict[str, Any], include_usage: bool) -> bytes | None:
+    """What the client gets of a chunk: the platform always asks the engine for usage (to
+    charge the real tokens); a client that did not ask for it gets chunks without it, as
+    from OpenAI (the engine's last chunk, usage alone, not at all)."""
+    if include_usage or "usage" not in chunk:
+        return data  # as the engine sent it: nothing to encode again
+    if not chunk.get("choices"):
+        return None
+    return wire.dumps_bytes({k: v for k, v in chunk.items() if k != "usage"})
 
 
 def _count_usage(result: RunResult, usage: dict[str, Any] | None) -> None:
@@ -213,7 +247,7 @@ def _usage(result: RunResult) -> dict[str, int]:
 
 
 def _answer_engine_refusal(
-    job: Job, relay: Relay, exc: EngineRequestError, result: RunResult
+    run: Run, relay: Relay, exc: EngineRequestError, result: RunResult
 ) -> None:
     """The engine refused the request itself (a 4xx): the client's to fix; pass it on."""
     try:
@@ -224,18 +258,19 @@ def _answer_engine_refusal(
     result.outcome, result.status_code, result.error_code = "error", exc.status_code, "engine_400"
     error = _openai_error(str(message)[:2000], "invalid_request", "invalid_request_error")
     result.error_body = error
-    relay.publish(job, {"event": "error", "status": exc.status_code, "body": error})
+    relay.publish(run, {"event": "error", "status": exc.status_code, "body": error})
 
 
 async def _engine_lost(
     queue: AsyncFairQueue,
-    job: Job,
+    run: Run,
     relay: Relay,
     detail: str,
     result: RunResult,
     on_engine_lost: Callable[[], Awaitable[None]] | None,
 ) -> RunResult:
     """The engine could not be reached or crashed mid-request: try another run, a few times."""
+    job = run.job
     log.warning("job %s: engine %s unavailable: %s", job.job_id, job.engine_id, detail)
     if on_engine_lost is not None:  # first: the job's next pick must not find a dead engine
         await on_engine_lost()
@@ -249,7 +284,7 @@ async def _engine_lost(
         "The model's engine failed while running this request; please retry.",
         "engine_unavailable",
     )
-    relay.publish(job, {"event": "error", "status": 503, "body": result.error_body})
+    relay.publish(run, {"event": "error", "status": 503, "body": result.error_body})
     return result
 
 

@@ -55,9 +55,10 @@ class AsyncEngineClient:
         answer: dict[str, Any] = wire.loads(text)
         return answer
 
-    async def stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """The chunks of a streamed answer, as dicts, until `[DONE]`. Leaving the iteration
-        early closes the connection, which makes vLLM abort the request."""
+    async def stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        """The chunks of a streamed answer (each one's JSON, as the engine sent it), until
+        `[DONE]`. Leaving the iteration early closes the connection, which makes vLLM abort
+        the request."""
         url = self.base_url + path
         try:
             async with self._session.post(url, data=wire.dumps_bytes(body), headers=_JSON) as r:
@@ -69,7 +70,7 @@ class AsyncEngineClient:
                     data = line[5:].strip()
                     if data == b"[DONE]":
                         return
-                    yield wire.loads(data)
+                    yield data
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise EngineUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
         # A stream that ends without [DONE] was cut (an engine killed between two chunks can

@@ -130,9 +130,9 @@ class AsyncFairQueue:
             for job, (state, attempt) in zip(jobs, answers, strict=True)
         ]
 
-    async def publish_many(self, events: list[tuple[str, str]]) -> None:
-        """Appends events ((job id, JSON), in order) to their jobs' event lists, in one round
-        trip (see `FairQueue.publish_commands`)."""
+    async def publish_many(self, events: list[tuple[str, str | bytes]]) -> None:
+        """Appends entries ((list key, entry), in order) to their lists, in one round trip
+        (see `FairQueue.publish_commands`)."""
         if events:
             await self.redis.pipeline(self.queue.publish_commands(events))
 

@@ -65,6 +65,11 @@ class Keys:
     def events(self, job_id: str) -> str:
         return f"{self.prefix}job:{job_id}:events"
 
+    def inbox(self, waiter: str) -> str:
+        """A waiting process's inbox: the events of all the jobs it waits on, each entry
+        '<job id> <event>', read many at a time (see `lua/lib.lua` emit_raw)."""
+        return f"{self.prefix}inbox:{waiter}"
+
     def queue(self, pool: str, request_class: str, tenant: str) -> str:
         return f"{self.prefix}q:{pool}:{request_class}:{tenant}"
 

@@ -69,6 +69,7 @@ from scheduler.fairqueue.domain import (
     Snapshot,
     TenantPolicy,
 )
+from scheduler.fairqueue.inbox import chunk_entry, event_entry
 from scheduler.fairqueue.keys import Keys, check_id
 from scheduler.fairqueue.raw_redis import RawRedis
 from scheduler.request_classes import REQUEST_CLASSES
@@ -262,12 +263,13 @@ class FairQueue:
         kv_bytes: int,
         payload: str = "",
         job_id: str | None = None,
+        inbox: str = "",
         now: float | None = None,
     ) -> tuple[Job, bool]:
         args = self.enqueue_args(
             summon=summon, tenant=tenant, pool=pool, request_class=request_class,
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, kv_bytes=kv_bytes,
-            payload=payload, job_id=job_id,
+            payload=payload, job_id=job_id, inbox=inbox,
         )  # fmt: skip
         return self.enqueue_answer(self._run("enqueue", *args, now=now), args)
 
@@ -283,8 +285,11 @@ class FairQueue:
         kv_bytes: int,
         payload: str = "",
         job_id: str | None = None,
+        inbox: str = "",
     ) -> list[Any]:
-        """The enqueue script's arguments (after `script_head`), checked."""
+        """The enqueue script's arguments (after `script_head`), checked. `inbox`: the list
+        its waiter reads the events of all its jobs from (see `Keys.inbox`); '' = the job's
+        own event list."""
         if request_class not in REQUEST_CLASSES:
             raise JobRejected("unknown_class", f"unknown request class {request_class!r}")
         if min(prompt_tokens, max_tokens, kv_bytes) < 0:
@@ -294,7 +299,7 @@ class FairQueue:
         timeout = repr(float(self.config.queue_timeouts_s[request_class]))
         return [
             *(job_id, tenant, pool, request_class, prompt_tokens, max_tokens, kv_bytes),
-            *(timeout, payload, str(self.config.loop_summon_s) if summon else ""),
+            *(timeout, payload, str(self.config.loop_summon_s) if summon else "", inbox),
         ]
 
     @staticmethod
@@ -499,7 +504,17 @@ class FairQueue:
     # --- the waiter's channel ---------------------------------------------------------------
 
     def publish(self, job_id: str, event: Mapping[str, Any]) -> None:
-        """Appends an event (JSON) to the job's event list, for its waiter."""
+        """Appends an event to the job's waiter's inbox, or (nobody waits: a batch line) to
+        the job's own event list, as the scripts' events go (`lua/lib.lua` emit_raw)."""
+        inbox = self.redis.hget(self.keys.job(job_id), "inbox")
+        if inbox:
+            if event.get("event") == "chunk":
+                data = wire.dumps_bytes(event["data"])
+                entry = chunk_entry(job_id, int(event.get("attempt") or 0), data)
+            else:
+                entry = event_entry(job_id, wire.dumps(dict(event)))
+            self.redis.pipeline().rpush(inbox, entry).expire(inbox, self.config.keep_s).execute()
+            return
         key, raw = self.keys.events(job_id), wire.dumps(dict(event))
         if self._raw is None:
             pipe = self.redis.pipeline()
@@ -507,18 +522,17 @@ class FairQueue:
             pipe.expire(key, self.config.keep_s)
             pipe.execute()
             return
-        self._raw.pipeline(self.publish_commands([(job_id, raw)]))
+        self._raw.pipeline(self.publish_commands([(key, raw)]))
 
-    def publish_commands(self, events: list[tuple[str, str]]) -> list[tuple[Any, ...]]:
-        """The commands that append `events` ((job id, JSON) in order) to their jobs' event
-        lists, each list's in one RPUSH, in one transaction: a list is never left without
-        its expiry."""
-        by_job: dict[str, list[str]] = {}
-        for job_id, raw in events:
-            by_job.setdefault(job_id, []).append(raw)
+    def publish_commands(self, events: list[tuple[str, str | bytes]]) -> list[tuple[Any, ...]]:
+        """The commands that append `events` ((list key, entry) in order) to their lists (a
+        job's event list, or a waiter's inbox), each list's in one RPUSH, in one
+        transaction: a list is never left without its expiry."""
+        by_key: dict[str, list[str | bytes]] = {}
+        for key, raw in events:
+            by_key.setdefault(key, []).append(raw)
         commands: list[tuple[Any, ...]] = [("MULTI",)]
-        for job_id, raws in by_job.items():
-            key = self.keys.events(job_id)
+        for key, raws in by_key.items():
             commands += [("RPUSH", key, *raws), ("EXPIRE", key, self.config.keep_s)]
         return [*commands, ("EXEC",)]
 

@@ -287,8 +287,8 @@ def _streamed(base_url: str, body: dict[str, object]) -> tuple[list[dict], Excep
         client = AsyncEngineClient(base_url, connect_timeout_s=2, generate_timeout_s=10)
         received: list[dict] = []
         try:
-            async for chunk in client.stream("/v1/chat/completions", body):
-                received.append(chunk)
+            async for data in client.stream("/v1/chat/completions", body):
+                received.append(json.loads(data))
         except EngineUnavailable as exc:
             return received, exc
         finally:

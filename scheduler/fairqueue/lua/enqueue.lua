@@ -1,6 +1,7 @@
 -- Enqueue one job at the tail of its tenant's queue, or reject what can never run.
 -- ARGV[4..]: job_id, tenant, pool, class, prompt_tokens, max_tokens, kv_bytes, queue timeout
--- (seconds), payload, summon_s ('' = leave dispatch loops alone; else see summon_loop).
+-- (seconds), payload, summon_s ('' = leave dispatch loops alone; else see summon_loop),
+-- inbox ('' = none: the job's events go to its own list; see emit_raw).
 -- Returns {'ok', enqueued_at, deadline, '' or what summon_loop said} or
 -- {'rejected', reason, detail}.
 local job_id, tenant, pool, cls = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
@@ -37,7 +38,7 @@ end
 redis.call('HSET', k_job(job_id), 'tenant', tenant, 'pool', pool, 'cls', cls,
   'prompt_tokens', int(prompt_tokens), 'max_tokens', int(max_tokens), 'kv_bytes', int(kv_bytes),
   'payload', payload, 'state', 'queued', 'enqueued_at', fmt(NOW), 'deadline', fmt(deadline),
-  'attempt', '0', 'charged', '0', 'reserved', '0')
+  'attempt', '0', 'charged', '0', 'reserved', '0', 'inbox', ARGV[14] or '')
 redis.call('ZADD', k_waiting(), fmt(deadline), job_id)
 redis.call('SADD', k_pools(), pool)
 queue_job(job_id, pool, cls, tenant, false)

@@ -53,7 +53,15 @@ local function hgetall(key)
   return t
 end
 
+-- A job's events go to its waiter's inbox when it has one (a web process's list, read for
+-- all of its waiters at once: each entry is '<job id> <event>'), else to the job's own list.
 local function emit_raw(job_id, raw)
+  local inbox = redis.call('HGET', k_job(job_id), 'inbox')
+  if inbox and inbox ~= '' then
+    redis.call('RPUSH', inbox, job_id .. ' ' .. raw)
+    redis.call('EXPIRE', inbox, KEEP_S)
+    return
+  end
   redis.call('RPUSH', k_events(job_id), raw)
   redis.call('EXPIRE', k_events(job_id), KEEP_S)
 end
