@@ -513,7 +513,10 @@ class FairQueue:
                 entry = chunk_entry(job_id, int(event.get("attempt") or 0), data)
             else:
                 entry = event_entry(job_id, wire.dumps(dict(event)))
-            self.redis.pipeline().rpush(inbox, entry).expire(inbox, self.config.keep_s).execute()
+            pipe = self.redis.pipeline()
+            pipe.rpush(inbox, entry)
+            pipe.expire(inbox, self.config.keep_s)
+            pipe.execute()
             return
         key, raw = self.keys.events(job_id), wire.dumps(dict(event))
         if self._raw is None:
