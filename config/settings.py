@@ -261,9 +261,10 @@ GPUSHARE_WORKER_DRAIN_S = env_float("GPUSHARE_WORKER_DRAIN_S", 30.0)
 # Largest JSON body the OpenAI-compatible API accepts (413 above it).
 GPUSHARE_MAX_BODY_BYTES = env_int("GPUSHARE_MAX_BODY_BYTES", 4 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = GPUSHARE_MAX_BODY_BYTES
-# Requests one web process lets wait or stream at once: each holds one Redis connection while
-# it waits for its job's events (Redis's own limit, maxclients, is 10,000 by default).
-GPUSHARE_MAX_WAITING_REQUESTS = env_int("GPUSHARE_MAX_WAITING_REQUESTS", 2000)
+# Redis connections one web event loop holds at most: commands in flight (admissions'
+# scripts, cancels, the inbox's read); waiting requests hold none. A command beyond them waits
+# for one to come back.
+GPUSHARE_WEB_REDIS_CONNECTIONS = env_int("GPUSHARE_WEB_REDIS_CONNECTIONS", 100)
 # Prompts whose UTF-8 bound is at most this many tokens are not counted by the engine's
 # /tokenize: the bound (plus a margin) is reserved instead. 0 counts every prompt exactly.
 GPUSHARE_COUNT_PROMPTS_ABOVE_TOKENS = env_int("GPUSHARE_COUNT_PROMPTS_ABOVE_TOKENS", 1024)

@@ -196,18 +196,12 @@ _loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] 
 )
 
 
-# How long past BLPOP's own timeout (1 s) the web waits for Redis's reply: this only catches
-# a connection that died silently. It must be far above any stall of the process: a BLPOP
-# reply that arrives while the process is stalled past it is lost (Redis popped the event,
-# the client drops the connection), and a machine busy with CPU engines stalls for seconds.
-# The loop's other commands share the client, and so the margin.
+# How long past a command's own blocking time (the inbox's read waits up to 5 s) the web
+# waits for Redis's reply: this only catches a connection that died silently. It must be far
+# above any stall of the process: an inbox read's reply that arrives while the process is
+# stalled past it is lost (Redis popped the entries, the client drops the connection), and a
+# machine busy with CPU engines stalls for seconds.
 EVENTS_READ_TIMEOUT_S = 60.0
-
-# Connections beyond one per waiting request, for the commands in flight (admissions'
-# scripts, cancels): with as many requests waiting as the loop lets wait, a command then
-# still finds a connection, where otherwise it would wait for a wait to end (up to
-# EVENTS_WAIT_S). Past both, a call waits for a connection to come back.
-COMMAND_CONNECTIONS = 100
 
 
 def inbox_name() -> str:
@@ -222,11 +216,11 @@ def _loop_state() -> _LoopState:
     state = _loop_clients.get(loop)
     if state is None:
         http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=64))
-        # Each waiting request holds a connection in BLPOP: the pool must have room for all
-        # of them (redis-py's default, 100, failed requests beyond the hundredth).
+        # Waiting requests hold no connection (the inbox reads for all of them): the pool is
+        # for the commands in flight (admissions' scripts, cancels, the inbox's read).
         client = AsyncRedis(
             settings.REDIS_URL,
-            max_connections=settings.GPUSHARE_MAX_WAITING_REQUESTS + COMMAND_CONNECTIONS,
+            max_connections=settings.GPUSHARE_WEB_REDIS_CONNECTIONS,
             read_timeout_s=EVENTS_READ_TIMEOUT_S,
         )
         queue = AsyncFairQueue(fair_queue(), client)
@@ -553,17 +547,15 @@ def _stale(words: dict[str, Any], requeues: int) -> bool:
     return attempt is not None and attempt <= requeues
 
 
-# The longest one wait for a job's events lasts. Each wait that ends without news costs the
-# web and Redis a round trip: with waits of a second, every request waiting in the queue
-# asked once a second for nothing (2,000 waiting requests: 2,000 empty round trips a
-# second; at the online benchmark's pace, about 0.2 per request). A queued job's wait ends
-# just past its queue deadline instead, so a timeout is still noticed here on time.
+# The longest one wait for a job's events lasts before its waiter looks at the job itself
+# (`_check_still_coming`). A queued job's wait ends just past its queue deadline, so a
+# timeout is noticed here on time.
 EVENTS_WAIT_S = 5
 
 
 def _wait_s(deadline: float, running: bool, now: float) -> int:
-    """How long the next wait for events may last (whole seconds, as BLPOP takes them), for
-    a job queued until `deadline`, or running."""
+    """How long the next wait for events may last (whole seconds), for a job queued until
+    `deadline`, or running."""
     if running:  # the engine's answer ends it
         return EVENTS_WAIT_S
     until_deadline = deadline + 1.0 - now

@@ -70,15 +70,13 @@ def test_other_paths_are_served_by_django():
     assert asgi_request("GET", "/v1/chat/completions/").status_code == 404
 
 
-def test_the_web_has_a_redis_connection_for_every_request_it_lets_wait(settings):
-    """And room beside them for the commands of admissions and cancels."""
-    settings.GPUSHARE_MAX_WAITING_REQUESTS = 1234
+def test_the_web_s_redis_connections_are_as_many_as_the_setting_says(settings):
+    settings.GPUSHARE_WEB_REDIS_CONNECTIONS = 1234
 
     async def pool_size() -> int:
         return online._loop_state().redis.max_connections
 
-    # redis-py's default of 100 failed the 101st
-    assert asyncio.run(pool_size()) == 1234 + online.COMMAND_CONNECTIONS
+    assert asyncio.run(pool_size()) == 1234
 
 
 def test_a_client_that_leaves_while_sending_its_body_gets_nothing_and_queues_nothing():
