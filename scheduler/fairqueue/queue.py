@@ -252,25 +252,9 @@ class FairQueue:
         return self._enqueue(summon=True, **fields)
 
     def _enqueue(
-        self,
-        *,
-        summon: bool,
-        tenant: str,
-        pool: str,
-        request_class: str,
-        prompt_tokens: int,
-        max_tokens: int,
-        kv_bytes: int,
-        payload: str = "",
-        job_id: str | None = None,
-        inbox: str = "",
-        now: float | None = None,
+        self, *, summon: bool, now: float | None = None, **fields: Any
     ) -> tuple[Job, bool]:
-        args = self.enqueue_args(
-            summon=summon, tenant=tenant, pool=pool, request_class=request_class,
-            prompt_tokens=prompt_tokens, max_tokens=max_tokens, kv_bytes=kv_bytes,
-            payload=payload, job_id=job_id, inbox=inbox,
-        )  # fmt: skip
+        args = self.enqueue_args(summon=summon, **fields)
         return self.enqueue_answer(self._run("enqueue", *args, now=now), args)
 
     def enqueue_args(
