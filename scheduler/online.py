@@ -335,8 +335,8 @@ async def _enqueue(prepared: _Prepared, prompt_tokens: int, received_at: float) 
     except BaseException:
         state.inbox.unregister(job_id)
         raise
-    if summon:  # no dispatch loop was waiting for work: start one
-        _in_background(f"summoning a dispatch loop of {route.pool}", _summon, route.pool)
+    if summon:  # no picker was waiting for work: summon one
+        _in_background(f"summoning a picker of {route.pool}", _summon, route.pool)
     return Admitted(job, request, api_key.tenant_id, api_key.pk, received_at, events)
 
 
@@ -374,8 +374,8 @@ def _sync_policy(api_key: ApiKey, queue: FairQueue) -> None:
 
 
 def _summon(pool: str) -> None:
-    """Starts a dispatch loop for `pool` (a Celery message). A message that is lost leaves the
-    job queued until housekeeping's kick summons a loop for the pool's waiting work."""
+    """Starts (or nudges) a worker's picker for `pool` (a Celery message). A message that is
+    lost leaves the job queued until housekeeping's kick summons a picker for the pool."""
     from workers.tasks import dispatch  # workers import this app, not the other way round
 
     dispatch.delay(pool)

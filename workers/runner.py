@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 # A job whose engine fails this many times is answered with an error, not retried forever.
 MAX_ATTEMPTS = 3
+# The longest a stream's reading holds the dispatcher's loop before it lets the rest run.
+YIELD_EVERY_S = 0.002
 ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
@@ -204,6 +206,8 @@ async def _call_engine(
         return
     finished = False
     include_usage = bool(request.get("include_usage"))
+    loop = asyncio.get_running_loop()
+    yielded_at = loop.time()
     async for data in client.stream(path, body):
         chunk = wire.loads(data)
         choices = chunk.get("choices") or []
@@ -214,6 +218,12 @@ async def _call_engine(
         passed_on = client_data(data, chunk, include_usage)
         if passed_on is not None:
             relay.chunk(run, passed_on, chunk)
+        if loop.time() - yielded_at >= YIELD_EVERY_S:
+            # Chunks the engine already sent are read without waiting: without this, a fast
+            # stream would hold the loop to its end, its chunks unrelayed and every other run,
+            # pick and cancel check of the process waiting behind it.
+            await asyncio.sleep(0)
+            yielded_at = loop.time()
     if not finished:
         # An engine whose core died can still end the stream with [DONE] (seen when the
         # engine was killed mid-stream): without a finish reason, the answer is cut short.

@@ -91,9 +91,9 @@ class FairQueueConfig:
 
 @dataclass
 class DispatchLoop:
-    """A worker thread's dispatch loop as the queue knows it: its token (its wake-up list),
-    whether its first pick is still to come, and whether that pick asked it to summon the
-    next loop (more work waited and no loop was idle)."""
+    """A worker's picker of a pool (workers/dispatch.py) as the queue knows it: its token (its
+    wake-up list), whether its first pick is still to come, and whether that pick asked it to
+    summon the next picker (more work waited and no picker was idle)."""
 
     token: str
     starting: bool = True
