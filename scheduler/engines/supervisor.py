@@ -24,12 +24,12 @@ from django.conf import settings
 from django.db import transaction
 
 from config.errors import DomainError
-from scheduler.engines import process
+from scheduler.engines import cpu_affinity, process
 from scheduler.engines.client import EngineClient, EngineError
 from scheduler.engines.launch import EngineLaunch, build_launch
 from scheduler.engines.vllm_env import VllmEnvMissing, find_vllm_python
 from scheduler.gpu_inventory import node_name
-from scheduler.models import LIVE_STATUSES, Engine, EngineStatus
+from scheduler.models import LIVE_STATUSES, DeviceKind, Engine, EngineStatus
 from scheduler.pools import fair_queue, sync_engine
 from scheduler.selectors import engine_get
 from scheduler.services import engine_check_room_to_start, engine_set_status
@@ -316,6 +316,7 @@ def _wait_until_ready(engine: Engine, *, on_progress: Progress, timeouts: Timeou
                 last_said, last_line = now, line
             time.sleep(POLL_INTERVAL_S)
         elapsed = time.monotonic() - started
+        _pin_cpu_engine_core(engine)
         engine_set_status(
             engine=engine,
             status=EngineStatus.WARMING,
@@ -324,6 +325,13 @@ def _wait_until_ready(engine: Engine, *, on_progress: Progress, timeouts: Timeou
         on_progress(f"{engine.name}: healthy after {elapsed:.0f} s, warming")
         _warm_up(engine, client)
         _mark_ready(engine, client, elapsed=time.monotonic() - started, on_progress=on_progress)
+
+
+def _pin_cpu_engine_core(engine: Engine) -> None:
+    """A CPU engine's EngineCore onto its Worker's CPUs (see `cpu_affinity`), before the
+    warm-up, so that no generation runs with it spinning on another core. Never raises."""
+    if engine.device.kind == DeviceKind.CPU and engine.pid is not None:
+        cpu_affinity.pin_engine_core(engine.pid)
 
 
 def _warm_up(engine: Engine, client: EngineClient) -> None:

