@@ -249,6 +249,10 @@ GPUSHARE_SCHED_KEY_PREFIX = env_str("GPUSHARE_SCHED_KEY_PREFIX", "gs:fq:")
 # A worker's picker of a pool with nothing to run waits this long for new work (handed to it
 # through Redis, without a Celery message) before it ends.
 GPUSHARE_DISPATCH_IDLE_S = env_float("GPUSHARE_DISPATCH_IDLE_S", 60.0)
+# Requests an engine may hold in its own waiting queue beyond its seats, per seat: a freed
+# seat is refilled at the engine's next step instead of after a release, a pick and a call
+# (docs/decisions/0002-a-queue-inside-each-engine.md). 0 sends no more than the seats.
+GPUSHARE_ENGINE_QUEUED_PER_SEAT = env_float("GPUSHARE_ENGINE_QUEUED_PER_SEAT", 1.0)
 # The most engine calls one worker process holds at once (a safety bound: the engines' seats
 # and KV budgets, enforced by the fair queue, are what bound them in practice). Beyond it the
 # process stops picking and the pool's other workers are summoned.

@@ -12,6 +12,7 @@ served model, or one tenant's dedicated engines of it.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -98,8 +99,14 @@ def sync_engine(engine: Engine, queue: FairQueue | None = None) -> None:
             max_num_seqs=engine.max_num_seqs,
             offline_load_threshold=engine.offline_load_threshold,
             load=float(load) if load is not None else 0.0,  # the samplers own the load
+            queued=engine_queue(engine.max_num_seqs),
         )
     )
+
+
+def engine_queue(max_num_seqs: int) -> int:
+    """How many requests beyond its seats an engine holds waiting (see EnginePolicy)."""
+    return math.ceil(max_num_seqs * max(0.0, float(settings.GPUSHARE_ENGINE_QUEUED_PER_SEAT)))
 
 
 def enqueue_resyncing(

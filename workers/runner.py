@@ -29,6 +29,7 @@ from scheduler.engines.client import EngineRequestError, EngineUnavailable
 from scheduler.fairqueue.aio import AsyncFairQueue
 from scheduler.fairqueue.domain import Job
 from scheduler.fairqueue.inbox import chunk_entry, event_entry
+from scheduler.request_classes import ENGINE_PRIORITY
 from scheduler.units import UNIT_BYTES
 
 log = logging.getLogger(__name__)
@@ -182,8 +183,14 @@ async def run_job(
     return result
 
 
-def engine_body(request: dict[str, Any]) -> dict[str, Any]:
-    body = {**request["body"], "stream": bool(request["stream"])}
+def engine_body(request: dict[str, Any], request_class: str) -> dict[str, Any]:
+    """What the engine gets: the client's body, streamed or not as asked, at its class's
+    priority (never one the client chose: the engine's queue is shared)."""
+    body = {
+        **request["body"],
+        "stream": bool(request["stream"]),
+        "priority": ENGINE_PRIORITY[request_class],
+    }
     if request["stream"]:
         # Always ask for usage, to charge the real tokens; the web drops it if not asked.
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
@@ -194,7 +201,7 @@ async def _call_engine(
     run: Run, client: AsyncEngineClient, relay: Relay, result: RunResult
 ) -> None:
     job, request = run.job, run.request
-    path, body = ENDPOINT_PATHS[request["endpoint"]], engine_body(request)
+    path, body = ENDPOINT_PATHS[request["endpoint"]], engine_body(request, job.request_class)
     if not request["stream"]:
         response = await client.generate(path, body)
         result.first_token_at = time.time()

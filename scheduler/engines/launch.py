@@ -75,6 +75,9 @@ def build_launch(launch: EngineLaunch, *, python: str, base_env: Mapping[str, st
         str(launch.max_model_len),
         "--max-num-seqs",
         str(launch.max_num_seqs),
+        # Requests waiting in the engine for a seat take it by their class (ENGINE_PRIORITY).
+        "--scheduling-policy",
+        "priority",
     ]
     env = {**base_env, **OFFLINE_ENV}
     if launch.device_kind == "gpu":

@@ -43,7 +43,12 @@ class TenantPolicy:
 
 @dataclass(frozen=True)
 class EnginePolicy:
-    """One engine as admission sees it. `load` is 0..1 (see DESIGN.md, Load)."""
+    """One engine as admission sees it. `load` is 0..1 (see DESIGN.md, Load).
+
+    An engine runs `max_num_seqs` requests at once (its seats) and holds up to
+    `queued` more in its own waiting queue, each with its KV reserved like a running one: a
+    seat that frees is refilled inside the engine at its next step, while the next pick
+    is still on its way (docs/decisions/0002-a-queue-inside-each-engine.md)."""
 
     engine_id: str
     pool: str
@@ -51,10 +56,15 @@ class EnginePolicy:
     max_num_seqs: int
     offline_load_threshold: float = 0.4
     load: float = 0.0
+    queued: int = 0
 
     def __post_init__(self) -> None:
-        if self.kv_budget_bytes < 0 or self.max_num_seqs < 0:
-            raise ValueError("an engine's KV budget and max_num_seqs cannot be negative")
+        if self.kv_budget_bytes < 0 or self.max_num_seqs < 0 or self.queued < 0:
+            raise ValueError("an engine's KV budget, max_num_seqs and queue cannot be negative")
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.max_num_seqs + self.queued
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ key                                    type     holds
 ``tenant:{tenant}:use``                hash     reserved (bytes held by in-flight jobs)
 ``tenants``                            set      tenants that have a policy
 ``engine:{engine_id}``                 hash     policy: pool, kv_budget_bytes, max_num_seqs,
-                                                offline_load_threshold, load
+                                                queued, offline_load_threshold, load
 ``engine:{engine_id}:use``             hash     reserved (bytes), inflight (jobs)
 ``engines``                            set      engines that have a policy
 ``pool:{pool}:engines``                set      engines serving the pool

@@ -152,7 +152,7 @@ class FairModel:
 
     def choose(self, engine_id: str) -> ModelJob | None:
         engine = self.engines[engine_id]
-        if self.engine_inflight[engine_id] >= engine.max_num_seqs:
+        if self.engine_inflight[engine_id] >= engine.max_in_flight:
             return None
         free_bytes = engine.kv_budget_bytes - self.engine_reserved[engine_id]
         order = class_order(self.clock, self.open_classes(engine))

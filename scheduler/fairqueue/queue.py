@@ -17,10 +17,11 @@ Pick rule (details in `lua/pick.lua`, pure reference in `model.py`):
   running and uncharged; release replaces it with (prompt + 2 x completion)/weight.
   A tenant that becomes backlogged is lifted to the least backlogged counter (or, when none
   is backlogged, to the counter of the last tenant that left), so idle time is not credit.
-- admission: cost <= engine free KV bytes; engine in-flight < max_num_seqs; tenant reserved
-  + cost <= quota, or <= quota + burst while the engine has idle capacity: no waiting job
-  of the pool (in a class open on this engine) that this engine could run within its
-  tenant's quota. Borrowed burst is not pre-empted; it returns when the job ends.
+- admission: cost <= engine free KV bytes; engine in-flight < max_num_seqs + queued (its
+  seats and its own waiting queue); tenant reserved + cost <= quota, or <= quota + burst
+  while the engine has idle capacity: no waiting job of the pool (in a class open on this
+  engine) that this engine could run within its tenant's quota. Borrowed burst is not
+  pre-empted; it returns when the job ends.
 
 Worker protocol: `pick` -> run -> `renew_lease(job_id, attempt)` every lease/3 or so (False
 means the job was cancelled or reaped: stop) -> `release(job_id, prompt, completion,
@@ -179,6 +180,7 @@ class FairQueue:
                 "pool": policy.pool,
                 "kv_budget_bytes": policy.kv_budget_bytes,
                 "max_num_seqs": policy.max_num_seqs,
+                "queued": policy.queued,
                 "offline_load_threshold": repr(float(policy.offline_load_threshold)),
                 "load": repr(float(policy.load)),
             },

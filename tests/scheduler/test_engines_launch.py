@@ -62,6 +62,7 @@ def test_a_cpu_engine_gets_its_units_as_kv_space_in_gib() -> None:
         "--port": "8100",
         "--max-model-len": "2048",
         "--max-num-seqs": "32",
+        "--scheduling-policy": "priority",
     }
 
 

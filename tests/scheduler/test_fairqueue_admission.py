@@ -19,8 +19,10 @@ def submit(fq: FairQueue, tenant: str, kv_units: float, request_class: str = "st
     )
 
 
-def engine(kv_units: int = 8, max_num_seqs: int = 16, load: float = 0.0) -> EnginePolicy:
-    return EnginePolicy("e1", "p", kv_units * UNIT, max_num_seqs, 0.4, load)
+def engine(
+    kv_units: int = 8, max_num_seqs: int = 16, load: float = 0.0, queued: int = 0
+) -> EnginePolicy:
+    return EnginePolicy("e1", "p", kv_units * UNIT, max_num_seqs, 0.4, load, queued)
 
 
 def test_it_admits_only_what_fits_the_engines_free_kv_budget(fq: FairQueue) -> None:
@@ -102,6 +104,25 @@ def test_it_never_runs_more_than_max_num_seqs(fq: FairQueue) -> None:
         submit(fq, "a", 1)
     picked = [fq.pick("p", "e1", now=1) for _ in range(5)]
     assert sum(job is not None for job in picked) == 3
+
+
+def test_it_sends_an_engine_its_seats_and_its_queue_and_no_more(fq: FairQueue) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, 100 * UNIT))
+    fq.set_engine_policy(engine(kv_units=80, max_num_seqs=3, queued=2))
+    for _ in range(7):
+        submit(fq, "a", 1)
+    picked = [fq.pick("p", "e1", now=1) for _ in range(7)]
+    assert sum(job is not None for job in picked) == 5
+    assert fq.pick("p", "e1", now=1) is None
+
+
+def test_a_queued_request_needs_its_kv_reserved_like_a_running_one(fq: FairQueue) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, 100 * UNIT))
+    fq.set_engine_policy(engine(kv_units=4, max_num_seqs=2, queued=8))
+    for _ in range(6):
+        submit(fq, "a", 1)
+    picked = [fq.pick("p", "e1", now=1) for _ in range(6)]
+    assert sum(job is not None for job in picked) == 4  # the KV budget, not the queue
 
 
 def test_offline_waits_while_load_is_at_the_threshold(fq: FairQueue) -> None:

@@ -79,7 +79,7 @@ def step(fq: FairQueue, model: FairModel, op: tuple[str, int, int, int, int], se
         engine = model.engines[engine_id]
         model.engines[engine_id] = EnginePolicy(
             engine_id, "p", engine.kv_budget_bytes, engine.max_num_seqs,
-            engine.offline_load_threshold, y / 8,
+            engine.offline_load_threshold, y / 8, engine.queued,
         )  # fmt: skip
         fq.set_engine_load(engine_id, y / 8)
 

@@ -25,7 +25,7 @@ TENANTS = {
 }
 ENGINES = {
     "e1": EnginePolicy("e1", "p", 6, 3, 0.4, 0.0),
-    "e2": EnginePolicy("e2", "p", 9, 2, 0.4, 0.0),
+    "e2": EnginePolicy("e2", "p", 9, 2, 0.4, 0.0, queued=1),
 }
 
 # An operation: (kind, a, b, c, d) with small integers whose meaning depends on the kind.
@@ -69,7 +69,7 @@ def fresh_model(engines: dict[str, EnginePolicy] | None = None) -> FairModel:
 def heads_admissible(model: FairModel, engine_id: str, within_quota_only: bool) -> list[ModelJob]:
     """Every head job of an open class that the engine could run now."""
     engine = model.engines[engine_id]
-    if model.engine_inflight[engine_id] >= engine.max_num_seqs:
+    if model.engine_inflight[engine_id] >= engine.max_in_flight:
         return []
     free_bytes = engine.kv_budget_bytes - model.engine_reserved[engine_id]
     found = []
@@ -107,7 +107,7 @@ def apply(model: FairModel, op: tuple[str, int, int, int, int], serial: int) -> 
         engine = model.engines["e1" if x % 2 == 0 else "e2"]
         model.engines[engine.engine_id] = EnginePolicy(
             engine.engine_id, engine.pool, engine.kv_budget_bytes, engine.max_num_seqs,
-            engine.offline_load_threshold, y / 8,
+            engine.offline_load_threshold, y / 8, engine.queued,
         )  # fmt: skip
 
 
@@ -135,7 +135,7 @@ def check_invariants(model: FairModel) -> None:
         mine = [j for j in running if j.engine_id == engine_id]
         assert model.engine_reserved[engine_id] == sum(j.kv_bytes for j in mine)
         assert 0 <= model.engine_reserved[engine_id] <= engine.kv_budget_bytes
-        assert model.engine_inflight[engine_id] == len(mine) <= engine.max_num_seqs
+        assert model.engine_inflight[engine_id] == len(mine) <= engine.max_in_flight
     for (request_class, tenant), queue in model.queues.items():
         for job_id in queue:
             job = model.jobs[job_id]

@@ -280,7 +280,8 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
       ', not ' .. pool)
   end
   usage = usage or hgetall(k_engine_use(engine_id))
-  if num(usage.inflight) >= num(engine.max_num_seqs) then return nil end
+  -- Its seats, and the requests it may hold waiting in its own queue (EnginePolicy).
+  if num(usage.inflight) >= num(engine.max_num_seqs) + num(engine.queued) then return nil end
   local free_bytes = num(engine.kv_budget_bytes) - num(usage.reserved)
   local offline_open = num(engine.load) < num(engine.offline_load_threshold)
 

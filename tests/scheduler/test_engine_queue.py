@@ -1,0 +1,48 @@
+"""An engine's own waiting queue: how many requests beyond its seats the fair queue lets it
+hold (GPUSHARE_ENGINE_QUEUED_PER_SEAT), as synced from the database, and the class priority
+each request carries into that queue."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scheduler.models import Device, Engine, EngineStatus
+from scheduler.pools import fair_queue, sync_engine
+from scheduler.request_classes import ENGINE_PRIORITY, REQUEST_CLASSES
+from tests.scheduler.test_admission import MODEL_CONFIG
+from workers.runner import engine_body
+
+pytestmark = pytest.mark.django_db
+
+
+def ready_engine(model_dir: Path, max_num_seqs: int) -> Engine:
+    (model_dir / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    device = Device.objects.create(
+        node="n1", kind="cpu", index=0, name="cpu", memory_bytes=2**34, capacity_units=64
+    )
+    return Engine.objects.create(
+        name="e1", model_path=str(model_dir), served_model_name="m", device=device,
+        footprint_units=4, port=1, status=EngineStatus.READY, kv_capacity_tokens=10_000,
+        max_num_seqs=max_num_seqs,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("per_seat", "seats", "queued"), [(1.0, 16, 16), (0.25, 10, 3), (0, 8, 0)])
+def test_an_engine_is_given_its_queue_per_seat(
+    redis_db, settings, tmp_path: Path, per_seat: float, seats: int, queued: int
+) -> None:
+    settings.GPUSHARE_ENGINE_QUEUED_PER_SEAT = per_seat
+    sync_engine(ready_engine(tmp_path, seats))
+    policy = redis_db.hgetall(fair_queue().keys.engine("e1"))
+    assert int(policy["max_num_seqs"]) == seats
+    assert int(policy["queued"]) == queued
+
+
+def test_the_engine_gets_the_class_priority_never_the_clients() -> None:
+    request = {"body": {"model": "m", "prompt": "hi", "priority": -100}, "stream": False}
+    priorities = [engine_body(request, cls)["priority"] for cls in REQUEST_CLASSES]
+    assert priorities == [ENGINE_PRIORITY[cls] for cls in REQUEST_CLASSES]
+    assert priorities == sorted(set(priorities))  # interactive first, each class its own
