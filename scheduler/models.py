@@ -104,7 +104,11 @@ class Engine(models.Model):
     block_size = models.PositiveIntegerField(default=16, help_text="Tokens per KV block.")
     max_model_len = models.PositiveIntegerField(default=2048)
     max_num_seqs = models.PositiveIntegerField(
-        default=32, help_text="Most requests it runs at once; the scheduler never sends more."
+        default=32,
+        help_text=(
+            "Most requests it runs at once (its seats). The scheduler may send more, up to "
+            "GPUSHARE_ENGINE_QUEUED_PER_SEAT per seat, to wait in its queue for a seat."
+        ),
     )
     offline_load_threshold = models.FloatField(
         default=0.4, help_text="Offline work runs only while its load is below this (0..1)."
