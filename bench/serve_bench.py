@@ -34,9 +34,12 @@ per weight, and a sample of `manage.py scheduler status` taken halfway (where re
 --isolation: an interactive tenant's TTFT p99 (2 closed-loop streams, streamed chat, 32
 tokens) alone, then while another tenant floods the engine (48 closed loops of standard
 requests, not streamed) and has an offline batch (Files and Batches API, 64-token lines)
-queued; the ratio flood/alone. Both use tenants bench-w1..4, bench-chat and bench-bulk,
-created in the platform's database the first time and given a new key each run (through
-manage.py, so --platform-url must be this checkout's platform for these two).
+queued; the ratio flood/alone. The same two runs go straight to the engine first (no batch
+there), each request at the vLLM priority the platform gives its class: the engine's own
+floor, since vLLM never preempts a running request for a waiting one. Both use tenants
+bench-w1..4, bench-chat and bench-bulk, created in the platform's database the first time
+and given a new key each run (through manage.py, so --platform-url must be this checkout's
+platform for these two).
 
     .venv/bin/python bench/serve_bench.py                       # the whole sweep
     .venv/bin/python bench/serve_bench.py --concurrencies 1,8 --prompts 40 --fairness --isolation
@@ -81,6 +84,8 @@ from common import (
     percentile,
     wait_for,
 )
+
+from scheduler.request_classes import ENGINE_PRIORITY  # common put the repository on the path
 
 PLATFORM_URL = "http://127.0.0.1:8000"
 ENGINE_URL = "http://127.0.0.1:8100"
@@ -616,12 +621,23 @@ def loop_group(
     }
 
 
+def straight_to_the_engine(group: dict[str, Any]) -> dict[str, Any]:
+    """The group's loops sent to the engine itself, each request at the priority the
+    platform would give its class."""
+    return {**group, "priority": ENGINE_PRIORITY[group["request_class"]]}
+
+
 def loops_job(
-    target: Target, groups: list[dict[str, Any]], warmup_s: float, duration_s: float
+    target: Target,
+    groups: list[dict[str, Any]],
+    warmup_s: float,
+    duration_s: float,
+    direct: bool = False,
 ) -> dict[str, Any]:
+    base = target.engine_url if direct else target.platform_url
     return {
         "job": "loops",
-        "url": f"{target.platform_url}/v1/chat/completions",
+        "url": f"{base}/v1/chat/completions",
         "model": target.model,
         "prompt": LOOP_PROMPT,
         "warmup_s": warmup_s,
@@ -726,11 +742,16 @@ def measure_isolation(client: LoadClient, target: Target, args: argparse.Namespa
     )
     chat_key = bench_tenant("bench-chat", 1.0, ["interactive"])
     bulk_key = bench_tenant("bench-bulk", 1.0, ["standard", "offline"])
+    warmup = args.isolation_warmup
     interactive = loop_group("interactive", chat_key, "interactive", 2, True, args.loop_tokens)
     flood = loop_group("flood", bulk_key, "standard", args.flood_streams, False, args.loop_tokens)
-    alone, _ = run_loops(
-        client, loops_job(target, [interactive], args.isolation_warmup, args.isolation_duration)
-    )
+    # The engine's own floor first: the same loops straight to it, at the classes' priorities.
+    straight = [straight_to_the_engine(interactive), straight_to_the_engine(flood)]
+    engine_runs = [
+        run_loops(client, loops_job(target, groups, warmup, args.isolation_duration, True))
+        for groups in (straight[:1], straight)
+    ]
+    alone, _ = run_loops(client, loops_job(target, [interactive], warmup, args.isolation_duration))
     line = {
         "model": target.model,
         "messages": [{"role": "user", "content": LOOP_PROMPT}],
@@ -744,32 +765,40 @@ def measure_isolation(client: LoadClient, target: Target, args: argparse.Namespa
         progress.append(batch_completed(batch_get(target.platform_url, bulk_key, batch_id)))
 
     try:
-        job = loops_job(
-            target, [interactive, flood], args.isolation_warmup, args.isolation_duration
-        )
+        job = loops_job(target, [interactive, flood], warmup, args.isolation_duration)
         flooded, (start, end) = run_loops(client, job, batch_progress)
         batch_progress()
     finally:
         batch_cancel(target.platform_url, bulk_key, batch_id)
-    print_isolation(alone, flooded, end - start, progress)
+    print_isolation(alone, flooded, end - start, progress, [r for r, _ in engine_runs])
 
 
 def print_isolation(
-    alone: list[dict[str, Any]], flooded: list[dict[str, Any]], window: float, batch: list[int]
+    alone: list[dict[str, Any]],
+    flooded: list[dict[str, Any]],
+    window: float,
+    batch: list[int],
+    engine_runs: list[list[dict[str, Any]]],
 ) -> None:
     print(
-        f"\n{'interactive requests':<28}{'reqs':>6}{'TTFT p50':>10}{'p99':>8}{'E2E p50':>9}"
+        f"\n{'interactive requests':<36}{'reqs':>6}{'TTFT p50':>10}{'p99':>8}{'E2E p50':>9}"
         f"{'p99':>8}{'errors':>7}  (ms)"
     )
     p99s = []
-    for name, records in (("alone", alone), ("beside the flood + batch", flooded)):
+    rows = (
+        ("engine alone", engine_runs[0]),
+        ("engine beside the flood", engine_runs[1]),
+        ("platform alone", alone),
+        ("platform beside the flood + batch", flooded),
+    )
+    for name, records in rows:
         mine = [r for r in records if r["tag"] == "interactive"]
         ok = [r for r in mine if r["ok"]]
         ttft = [r["ttft"] * 1000 for r in ok if r["ttft"] is not None]
         e2e = [r["latency"] * 1000 for r in ok]
         p99s.append(percentile(ttft, 0.99))
         print(
-            f"{name:<28}{len(ok):6d}{fmt(percentile(ttft, 0.5), 10, 0)}"
+            f"{name:<36}{len(ok):6d}{fmt(percentile(ttft, 0.5), 10, 0)}"
             f"{fmt(percentile(ttft, 0.99), 8, 0)}{fmt(percentile(e2e, 0.5), 9, 0)}"
             f"{fmt(percentile(e2e, 0.99), 8, 0)}{len(mine) - len(ok):7d}"
         )
@@ -784,7 +813,10 @@ def print_isolation(
     )
     for line in error_lines([r for r in flooded if r["tag"] == "flood"]):
         print(f"  flood error: {line}")
-    print(f"interactive TTFT p99 beside the flood / alone: {p99s[1] / p99s[0]:.2f}x")
+    print(
+        f"interactive TTFT p99 beside the flood / alone: engine {p99s[1] / p99s[0]:.2f}x "
+        f"(vLLM's priority scheduling, nothing in front), platform {p99s[3] / p99s[2]:.2f}x"
+    )
 
 
 # --- main ------------------------------------------------------------------------------------

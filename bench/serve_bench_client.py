@@ -216,6 +216,8 @@ async def one_request(
     }
     if stream:
         body["stream_options"] = {"include_usage": True}
+    if group.get("priority") is not None:  # straight to the engine: the class's priority
+        body["priority"] = group["priority"]
     headers = {"Authorization": f"Bearer {group['key']}"}
     if group.get("request_class"):
         headers["X-Request-Class"] = group["request_class"]
@@ -276,9 +278,10 @@ async def read_stream(
 
 async def run_loops(job: dict[str, Any], protocol: Protocol) -> dict[str, Any]:
     """Job fields: url (a /v1/chat/completions URL), model, prompt, warmup_s, duration_s and
-    groups: [{tag, key, request_class, streams, stream, max_tokens}]. Each stream of a group
-    sends one request after another until the window ends (a failed one waits 0.2 s first),
-    then lets its last request finish. Times in the answer are seconds from the start."""
+    groups: [{tag, key, request_class, streams, stream, max_tokens, priority}] (priority: the
+    engine's, for loops sent straight to it). Each stream of a group sends one request after
+    another until the window ends (a failed one waits 0.2 s first), then lets its last
+    request finish. Times in the answer are seconds from the start."""
     start = time.perf_counter()
     opens, closes = start + job["warmup_s"], start + job["warmup_s"] + job["duration_s"]
     records: list[dict[str, Any]] = []

@@ -27,6 +27,7 @@ import pytest
 import redis
 
 from scheduler.fairqueue import FairQueue
+from scheduler.pools import engine_queue
 from tests.e2e.conftest import make_tenant
 from tests.e2e.harness import REPO, Database, Platform, free_port, kill_process
 
@@ -299,11 +300,14 @@ def test_both_engines_serve_and_a_late_tenant_gets_an_equal_share_across_them(cl
     # cores with it) finish them, so A's backlog builds up.
     load.send(slug_a, key_a, 48, max_tokens=900)
 
-    # Every slot of both engines is A's, and A has a backlog of at least three times B's 8
-    # requests: sharing fairly, B is done long before A's backlog is.
+    # Every seat of both engines and every place in their queues is A's, and A has a backlog
+    # of at least three times B's 8 requests: sharing fairly, B is done long before A's
+    # backlog is.
+    in_flight = 2 * (SEQS_PER_ENGINE + engine_queue(SEQS_PER_ENGINE))
+
     def a_holds_everything() -> bool:
         running, waiting = jobs_of(slug_a)
-        return running == 2 * SEQS_PER_ENGINE and waiting >= 24
+        return running == in_flight and waiting >= 24
 
     wait_until(a_holds_everything, timeout=120, what="A on both engines, 24 waiting",
                platform=cluster)  # fmt: skip

@@ -1,5 +1,6 @@
 """The engine process SIGKILLed mid-stream, on a platform of its own (this test destroys its
-engine; 4 seats, so work is queued behind the streams).
+engine; 4 seats, so work waits behind the streams, in the engine's own queue and in the fair
+queue).
 
 Streaming clients get an OpenAI error event and `data: [DONE]`; the supervisor's periodic
 check marks the engine failed; work that was queued for it waits, then is answered 503
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from scheduler.pools import engine_queue
 from tests.reliability.conftest import Stack, start_stack, stop_stack
 from tests.reliability.helpers import (
     assert_openai_error,
@@ -85,7 +87,9 @@ def test_killing_the_engine_mid_stream_ends_streams_marks_it_failed_and_frees_al
     # the relay lagged behind (their ends were still on the way when it was killed).
     streams = [chat_body(3900, stream=True) for _ in range(SEATS)]
     seen: list[list[Any]] = [[] for _ in streams]
-    queued = [chat_body(32) for _ in range(4)]
+    # Behind them: enough requests to fill the engine's own queue (as far as its KV budget
+    # lets them in) and leave at least 4 waiting in the fair queue.
+    queued = [chat_body(32) for _ in range(engine_queue(SEATS) + 4)]
 
     def in_flight() -> int:
         return sum(queue.snapshot().engine_inflight.values())
@@ -94,7 +98,8 @@ def test_killing_the_engine_mid_stream_ends_streams_marks_it_failed_and_frees_al
         has_chunk = all(any("choices" in e for e in events) for events in seen)
         return has_chunk and in_flight() == SEATS
 
-    with httpx.Client(base_url=platform.base_url) as http, ThreadPoolExecutor(8) as pool:
+    threads = len(streams) + len(queued)  # every request sent at once
+    with httpx.Client(base_url=platform.base_url) as http, ThreadPoolExecutor(threads) as pool:
         stream_futures = [
             pool.submit(post, http, key, body, events=events)
             for body, events in zip(streams, seen, strict=True)
@@ -104,8 +109,13 @@ def test_killing_the_engine_mid_stream_ends_streams_marks_it_failed_and_frees_al
         os.killpg(pgid, signal.SIGSTOP)  # the server and its engine-core children
         slices = run_in_slices_until(pgid, seen, streams_running)
         queued_futures = [pool.submit(post, http, key, body) for body in queued]
+
+        def all_queued() -> bool:
+            waiting = sum(row.waiting for row in queue.snapshot().queues)
+            return waiting >= 4 and waiting + in_flight() == SEATS + len(queued)
+
         wait_until(
-            lambda: sum(row.waiting for row in queue.snapshot().queues) == len(queued),
+            all_queued,
             60,
             "the other requests queued behind the streams",
         )
