@@ -46,7 +46,7 @@ from scheduler.planner import (
     plan_fleet,
     plan_memory,
 )
-from scheduler.pools import engine_pool, fair_queue, sync_engine
+from scheduler.pools import engine_pool, engine_queue, fair_queue, sync_engine
 from scheduler.request_classes import REQUEST_CLASSES
 from scheduler.selectors import (
     EngineGate,
@@ -191,8 +191,13 @@ class EngineRow:
     vllm_running: float | None
     vllm_waiting: float | None
     inflight: int
+    queued_places: int  # beyond its seats, in its own queue (EnginePolicy.queued)
     reserved_units: float
     sampled_at: float | None
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.engine.max_num_seqs + self.queued_places
 
 
 def _is_htmx(request: HttpRequest) -> bool:
@@ -234,6 +239,7 @@ def _engine_rows(engines: list[Engine], snapshot: Snapshot) -> list[EngineRow]:
                 vllm_running=_float(live.get("requests_running")),
                 vllm_waiting=_float(live.get("requests_waiting")),
                 inflight=snapshot.engine_inflight.get(engine.name, 0),
+                queued_places=engine_queue(engine.max_num_seqs),
                 reserved_units=bytes_to_units_exact(
                     snapshot.engine_reserved_bytes.get(engine.name, 0)
                 ),

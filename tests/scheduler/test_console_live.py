@@ -162,7 +162,8 @@ def test_the_overview_shows_load_kv_usage_and_queue_depth_per_class(console: Cli
     assert row is not None
     assert "25%" in row.group(0)  # load, from the fair queue
     assert "42%" in row.group(0)  # KV usage, from the telemetry sampler's live hash
-    assert "1 / 32" in row.group(0)  # in flight of max_num_seqs
+    assert "1 / 64" in row.group(0)  # in flight of its seats (32) and queue (32 by default)
+    assert "32 seats + 32 in its queue" in row.group(0)
     interactive = re.search(r'id="class-interactive".*?</div>\s*</div>', html, re.S)
     offline = re.search(r'id="class-offline".*?</div>\s*</div>', html, re.S)
     assert interactive is not None

@@ -106,23 +106,22 @@ def test_it_never_runs_more_than_max_num_seqs(fq: FairQueue) -> None:
     assert sum(job is not None for job in picked) == 3
 
 
-def test_it_sends_an_engine_its_seats_and_its_queue_and_no_more(fq: FairQueue) -> None:
+@pytest.mark.parametrize(
+    ("kv_units", "seats", "queued", "admitted"),
+    [
+        (80, 3, 2, 5),  # its seats and its own queue, and no more
+        (4, 2, 8, 4),  # a queued request's KV is reserved like a running one's: the budget binds
+    ],
+)
+def test_an_engine_holds_its_seats_and_its_queue_within_its_kv_budget(
+    fq: FairQueue, kv_units: int, seats: int, queued: int, admitted: int
+) -> None:
     fq.set_tenant_policy("a", TenantPolicy(1, 100 * UNIT))
-    fq.set_engine_policy(engine(kv_units=80, max_num_seqs=3, queued=2))
-    for _ in range(7):
+    fq.set_engine_policy(engine(kv_units=kv_units, max_num_seqs=seats, queued=queued))
+    for _ in range(8):
         submit(fq, "a", 1)
-    picked = [fq.pick("p", "e1", now=1) for _ in range(7)]
-    assert sum(job is not None for job in picked) == 5
-    assert fq.pick("p", "e1", now=1) is None
-
-
-def test_a_queued_request_needs_its_kv_reserved_like_a_running_one(fq: FairQueue) -> None:
-    fq.set_tenant_policy("a", TenantPolicy(1, 100 * UNIT))
-    fq.set_engine_policy(engine(kv_units=4, max_num_seqs=2, queued=8))
-    for _ in range(6):
-        submit(fq, "a", 1)
-    picked = [fq.pick("p", "e1", now=1) for _ in range(6)]
-    assert sum(job is not None for job in picked) == 4  # the KV budget, not the queue
+    picked = [fq.pick("p", "e1", now=1) for _ in range(8)]
+    assert sum(job is not None for job in picked) == admitted
 
 
 def test_offline_waits_while_load_is_at_the_threshold(fq: FairQueue) -> None:
