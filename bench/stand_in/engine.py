@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Any
 
+from wire import serve_connection  # run as a script: its folder is on the path
+
 DELAY_S = float(os.environ.get("STAND_IN_DELAY_S", "0.45"))
 METRICS = (
     b'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="4096"} 1.0\n'
@@ -62,22 +64,17 @@ async def answer(path: str, body: bytes) -> tuple[bytes, bytes]:
     return json.dumps(completion(path, body)).encode(), b"application/json"
 
 
+async def respond(method: str, path: str, body: bytes) -> bytes:
+    out, kind = await answer(path, body)
+    return b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s" % (
+        kind,
+        len(out),
+        out,
+    )
+
+
 async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while True:
-            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-            path = head[0].split(" ")[1]
-            sizes = [line for line in head if line.lower().startswith("content-length")]
-            length = int(sizes[0].split(":")[1]) if sizes else 0
-            body = await reader.readexactly(length) if length else b""
-            out, kind = await answer(path, body)
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
-                         % (kind, len(out), out))  # fmt: skip
-            await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError):
-        pass
-    finally:
-        writer.close()
+    await serve_connection(reader, writer, respond)
 
 
 async def main() -> None:

@@ -23,6 +23,8 @@ import time
 from functools import cache
 from typing import Any
 
+from wire import serve_connection  # run as a script: its folder is on the path
+
 PROMPT_TOKENS = 32
 TOKEN = "word "
 
@@ -102,22 +104,11 @@ def answer(model: str, method: str, path: str, body: bytes) -> bytes:
 
 async def serve(model: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """One keep-alive connection: requests in order, each answered at once."""
-    try:
-        while True:
-            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-            method, path = head[0].split(" ")[:2]
-            length = 0
-            for line in head[1:]:
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value)
-            body = await reader.readexactly(length) if length else b""
-            writer.write(answer(model, method, path.split("?")[0], body))
-            await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError):
-        pass
-    finally:
-        writer.close()
+
+    async def respond(method: str, path: str, body: bytes) -> bytes:
+        return answer(model, method, path, body)
+
+    await serve_connection(reader, writer, respond)
 
 
 async def main() -> None:
