@@ -1,10 +1,12 @@
 """A worker process's dispatcher: it keeps its engines' batches full from the fair queue.
 
-The fair queue is the only place a request waits. Each worker process runs one event loop in
-a thread of its own (the dispatcher), which holds every engine call the process makes, as
-many at once as the queue lets it pick: the queue admits a job only while its engine has a
-free seat (`max_num_seqs`) and room in its KV budget, and its tenant room in its quota. A
-thread per call would cap the calls at the thread count, far under a GPU engine's batch.
+Requests wait in the fair queue, and nowhere else but in an engine's own short queue of
+picked requests (EnginePolicy.queued). Each worker process runs one event loop in a thread of
+its own (the dispatcher), which holds every engine call the process makes, as many at once
+as the queue lets it pick: the queue admits a job only while its engine has a seat
+(`max_num_seqs`) or a place in its queue, room in its KV budget, and its tenant room in its
+quota. A thread per call would cap the calls at the thread count, far under a GPU engine's
+batch.
 
 For each pool it serves, the dispatcher runs a picker: it picks until the queue says nothing
 may run now, starting each job as a task of its own; then it waits for a wake-up in Redis
