@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.e2e.harness import Database, Platform
+from tests.e2e.harness import Database, Platform, free_port
 
 E2E_REDIS_URL = os.environ.get("GPUSHARE_E2E_REDIS_URL", "redis://127.0.0.1:6379/15")
 MODEL = "tiny-llama"
@@ -42,7 +42,9 @@ def platform_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platfo
     try:
         platform.start()
         platform.manage("gpus", "discover")
-        engine_port = str(platform.port + 1 if platform.port < 65000 else platform.port - 1)
+        # A port the kernel hands out as free now; a neighbour of the platform's port may be
+        # the local end of one of its Redis or database connections.
+        engine_port = str(free_port(avoid={platform.port}))
         platform.manage(
             "engine", "create", MODEL, "--units", "4", "--port", engine_port,
             "--max-model-len", "4096", "--max-num-seqs", "16",

@@ -29,11 +29,13 @@ ROUTINE_LOG_LINE = re.compile(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def free_port(avoid: frozenset[int] | set[int] = frozenset()) -> int:
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port not in avoid:
+            return port
 
 
 def _with_database(url: str, name: str) -> str:
