@@ -223,6 +223,10 @@ GPUSHARE_ENGINE_STOP_TIMEOUT_S = env_float("GPUSHARE_ENGINE_STOP_TIMEOUT_S", 30.
 # use their own, longer, read timeout.
 GPUSHARE_ENGINE_HTTP_TIMEOUT_S = env_float("GPUSHARE_ENGINE_HTTP_TIMEOUT_S", 10.0)
 GPUSHARE_ENGINE_GENERATE_TIMEOUT_S = env_float("GPUSHARE_ENGINE_GENERATE_TIMEOUT_S", 300.0)
+# A stream picked for an engine is streamed by the web process that holds its client, from
+# the engine itself, not relayed token by token through a worker and Redis
+# (scheduler/granted.py). Off where the web cannot reach the engines' addresses.
+GPUSHARE_WEB_STREAMS_FROM_ENGINE = env_bool("GPUSHARE_WEB_STREAMS_FROM_ENGINE", True)
 # /health checks a ready engine may miss in a row before it is failed and its process
 # stopped: one miss is often a stall (a machine short of CPU), not a dead engine.
 GPUSHARE_ENGINE_HEALTH_MISSES = env_int("GPUSHARE_ENGINE_HEALTH_MISSES", 3)

@@ -20,7 +20,7 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar
 
@@ -38,6 +38,7 @@ from scheduler.fairqueue.aio import AsyncFairQueue
 from scheduler.fairqueue.domain import Job, JobRejected, JobState
 from scheduler.fairqueue.inbox import Inbox, parse_event
 from scheduler.fairqueue.queue import FairQueue
+from scheduler.granted import GrantedStream
 from scheduler.inference import (
     InferenceRequest,
     bounded_prompt_tokens,
@@ -123,6 +124,9 @@ class Admitted:
     # Where the loop's inbox puts the job's events: registered before the job is queued.
     # None: registered when followed (tests that make up a request already waiting).
     events: asyncio.Queue[bytes] | None = None
+    # The engine call as queued (endpoint, body, stream, include_usage): what a granted
+    # stream sends the engine (scheduler.granted).
+    call: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -337,7 +341,7 @@ async def _enqueue(prepared: _Prepared, prompt_tokens: int, received_at: float) 
         raise
     if summon:  # no picker was waiting for work: summon one
         _in_background(f"summoning a picker of {route.pool}", _summon, route.pool)
-    return Admitted(job, request, api_key.tenant_id, api_key.pk, received_at, events)
+    return Admitted(job, request, api_key.tenant_id, api_key.pk, received_at, events, payload)
 
 
 async def _queue_job(
@@ -474,7 +478,7 @@ async def background_done() -> None:
 # Events that end a job's story for its waiter.
 FINAL_EVENTS = frozenset({"done", "error", "expired", "cancelled"})
 # What a run says (each with its `attempt`): a requeued run's leftovers may still come.
-RUN_WORDS = frozenset({"chunk", "done", "error"})
+RUN_WORDS = frozenset({"chunk", "done", "error", "grant"})
 
 
 async def follow(
@@ -521,6 +525,21 @@ async def _follow(
             running = True
         elif kind == "requeued":
             requeues, running = requeues + 1, False
+        if kind == "grant":  # the stream is this process's to make (scheduler.granted)
+            stream = GrantedStream(
+                _loop_state().queue, admitted.job.job_id, admitted.job.request_class,
+                admitted.call, event, events,
+            )  # fmt: skip
+            async for word in stream.events():
+                if client_gone is not None and client_gone.is_set():
+                    raise asyncio.CancelledError
+                yield word
+                if word["event"] in FINAL_EVENTS:
+                    return
+            # The engine refused the request or was lost: the worker's word follows.
+            requeues += stream.requeues_seen
+            last_event = time.time()
+            continue
         yield event
         if kind in FINAL_EVENTS:
             return

@@ -55,6 +55,7 @@ from scheduler.engines.aio_client import AsyncEngineClient
 from scheduler.engines.supervisor import engine_check_unreachable
 from scheduler.fairqueue.aio import AsyncFairQueue
 from scheduler.fairqueue.domain import DispatchLoop, Job
+from scheduler.fairqueue.inbox import Inbox
 from scheduler.fairqueue.queue import FairQueue, LastWords
 from scheduler.models import Engine
 from scheduler.pools import engine_changes, fair_queue
@@ -95,6 +96,7 @@ class Dispatcher:
         self._stopping = asyncio.Event()
         self._queue: AsyncFairQueue | None = None
         self._relay: Relay | None = None
+        self._reports: Inbox | None = None
         self._engine_clients: dict[str, AsyncEngineClient] = {}
         self._db = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dispatch-db")
         self.ran = 0  # jobs whose run ended, since the process started
@@ -153,6 +155,8 @@ class Dispatcher:
         )
         self._queue = AsyncFairQueue(queue, client)
         self._relay = Relay(self._queue)
+        # What webs report of the streams this process granted them (workers/runner.py).
+        self._reports = Inbox(client, self._queue.keys.inbox(f"worker-{uuid.uuid4().hex}"))
         self._pickers, self.runs, self._engine_clients = {}, {}, {}
         self._watcher = self._spawn(self._watch())
         ready.set()
@@ -202,6 +206,7 @@ class Dispatcher:
             await asyncio.sleep(0.02)
         for client in self._engine_clients.values():
             await client.close()
+        await self.reports.close()
 
     def take_run(self, job: Job) -> Run:
         run = self.runs[job.job_id] = Run(job)
@@ -334,6 +339,11 @@ class Dispatcher:
         return self._relay
 
     @property
+    def reports(self) -> Inbox:
+        assert self._reports is not None
+        return self._reports
+
+    @property
     def stopping(self) -> asyncio.Event:
         return self._stopping
 
@@ -424,7 +434,10 @@ async def run_picked(dispatcher: Dispatcher, run: Run) -> RunResult:
         await dispatcher.in_thread(_fail_if_dead, engine)
 
     client = dispatcher.engine_client(engine)
-    return await run_job(queue, run, client, dispatcher.relay, on_engine_lost=engine_lost)
+    return await run_job(
+        queue, run, client, dispatcher.relay, on_engine_lost=engine_lost,
+        reports=dispatcher.reports,
+    )  # fmt: skip
 
 
 def _fail_if_dead(engine: Engine) -> None:

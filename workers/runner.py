@@ -10,7 +10,16 @@ because the process was presumed dead) is not ours to finish any more.
 
 Events the waiter reads (each with the `attempt` it belongs to, so a stale run's words are
 ignored after a requeue): ``chunk`` (one streamed chunk from the engine), ``done`` (the
-response body when not streaming, and the usage), ``error`` (status and OpenAI-style body).
+response body when not streaming, and the usage), ``error`` (status and OpenAI-style body),
+``grant`` (the waiter streams from the engine itself, see below).
+
+A stream with a waiter is granted, not relayed (GPUSHARE_WEB_STREAMS_FROM_ENGINE): the run
+tells the waiter (the web process that holds the client) to call the engine itself, and
+waits for its report (`scheduler.granted`), holding the job's lease meanwhile. A relayed
+token costs a write to Redis, a read from it and a wake-up of two more processes; granted,
+the engine's chunks go straight to the process that sends them on. The report says what a
+relayed run would have found out itself (the tokens, the engine's refusal, or that the
+engine was lost), and the run ends as it would have.
 """
 
 from __future__ import annotations
@@ -23,13 +32,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
+
 from config import wire
 from scheduler.engines.aio_client import AsyncEngineClient
+from scheduler.engines.calls import client_data, engine_body, engine_path, usage_counts
 from scheduler.engines.client import EngineRequestError, EngineUnavailable
 from scheduler.fairqueue.aio import AsyncFairQueue
 from scheduler.fairqueue.domain import Job
-from scheduler.fairqueue.inbox import chunk_entry, event_entry
-from scheduler.request_classes import ENGINE_PRIORITY
+from scheduler.fairqueue.inbox import Inbox, chunk_entry, event_entry
+from scheduler.granted import ALIVE_S, Report
 from scheduler.units import UNIT_BYTES
 
 log = logging.getLogger(__name__)
@@ -38,7 +50,9 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 3
 # The longest a stream's reading holds the dispatcher's loop before it lets the rest run.
 YIELD_EVERY_S = 0.002
-ENDPOINT_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# How long a granted run waits without a word from its web (which says it is alive every
+# ALIVE_S) before it looks for the web's report in the job and, finding none, gives up.
+GRANT_SILENCE_S = 4 * ALIVE_S
 
 
 @dataclass
@@ -150,16 +164,22 @@ async def run_job(
     client: AsyncEngineClient,
     relay: Relay,
     on_engine_lost: Callable[[], Awaitable[None]] | None = None,
+    reports: Inbox | None = None,
 ) -> RunResult:
     """Runs `run`'s job on `client`'s engine; returns what happened (the ledger's row). The
     job is still reserved when this returns, unless it was requeued or given up: the caller
     releases it with the result's token counts, telling its `done_event` in the same step
     (after `relay.flush`). `on_engine_lost` runs when the engine cannot be reached, before the
-    job is requeued. A run stopped by its dispatcher ends as "cancelled"."""
+    job is requeued. A run stopped by its dispatcher ends as "cancelled". With `reports` (the
+    process's inbox for webs' reports), a stream with a waiter is granted to it."""
     job = run.job
     result = RunResult(outcome="success")
+    if reports is not None and (job.answered or grants(run)):
+        call = _granted(queue, run, client, relay, reports, result)
+    else:
+        call = _call_engine(run, client, relay, result)
     try:
-        run.call = asyncio.ensure_future(_call_engine(run, client, relay, result))
+        run.call = asyncio.ensure_future(call)
         if run.stopped:
             run.call.cancel()
         try:
@@ -183,25 +203,66 @@ async def run_job(
     return result
 
 
-def engine_body(request: dict[str, Any], request_class: str) -> dict[str, Any]:
-    """What the engine gets: the client's body, streamed or not as asked, at its class's
-    priority (never one the client chose: the engine's queue is shared)."""
-    body = {
-        **request["body"],
-        "stream": bool(request["stream"]),
-        "priority": ENGINE_PRIORITY[request_class],
-    }
-    if request["stream"]:
-        # Always ask for usage, to charge the real tokens; the web drops it if not asked.
-        body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-    return body
+def grants(run: Run) -> bool:
+    """Whether the run's waiter streams from the engine itself (see the module docstring)."""
+    return bool(run.inbox and run.request["stream"] and settings.GPUSHARE_WEB_STREAMS_FROM_ENGINE)
+
+
+async def _granted(
+    queue: AsyncFairQueue,
+    run: Run,
+    client: AsyncEngineClient,
+    relay: Relay,
+    reports: Inbox,
+    result: RunResult,
+) -> None:
+    """The waiter streams the answer from the engine; this waits for its report and ends as
+    a relayed run would have (see `_apply_report`)."""
+    job = run.job
+    if job.answered:  # its web answered while the job's first worker was dying
+        _apply_report(Report.parse(job.answered), result)
+        return
+    words = reports.register(job.job_id)
+    try:
+        relay.publish(run, {"event": "grant", "url": client.base_url, "reply": reports.key})
+        while True:
+            try:
+                async with asyncio.timeout(GRANT_SILENCE_S):
+                    report = Report.parse(await words.get())
+            except TimeoutError:
+                answered = await queue.answered(job.job_id)
+                if not answered:
+                    log.warning("job %s: its web went silent; given up", job.job_id)
+                    run.stop("waiter_gone")
+                    raise asyncio.CancelledError from None
+                report = Report.parse(answered)
+            if report.final:
+                break
+    finally:
+        reports.unregister(job.job_id)
+    _apply_report(report, result)
+
+
+def _apply_report(report: Report, result: RunResult) -> None:
+    if report.first_token_at:
+        result.first_token_at = report.first_token_at
+    result.prompt_tokens, result.completion_tokens = report.prompt_tokens, report.completion_tokens
+    if report.outcome == "engine_lost":
+        raise EngineUnavailable(report.detail)
+    if report.outcome == "refused":
+        raise EngineRequestError(
+            f"the engine answered {report.status_code}",
+            status_code=report.status_code,
+            body=report.detail,
+        )
+    # The waiter told its client the end itself: no `done` event for it.
 
 
 async def _call_engine(
     run: Run, client: AsyncEngineClient, relay: Relay, result: RunResult
 ) -> None:
     job, request = run.job, run.request
-    path, body = ENDPOINT_PATHS[request["endpoint"]], engine_body(request, job.request_class)
+    path, body = engine_path(request), engine_body(request, job.request_class)
     if not request["stream"]:
         response = await client.generate(path, body)
         result.first_token_at = time.time()
@@ -238,21 +299,10 @@ async def _call_engine(
     result.done_event = {"event": "done", "usage": _usage(result), "attempt": job.attempt}
 
 
-def client_data(data: bytes, chunk: dict[str, Any], include_usage: bool) -> bytes | None:
-    """What the client gets of a chunk: the platform always asks the engine for usage (to
-    charge the real tokens); a client that did not ask for it gets chunks without it, as
-    from OpenAI (the engine's last chunk, usage alone, not at all)."""
-    if include_usage or "usage" not in chunk:
-        return data  # as the engine sent it: nothing to encode again
-    if not chunk.get("choices"):
-        return None
-    return wire.dumps_bytes({k: v for k, v in chunk.items() if k != "usage"})
-
-
 def _count_usage(result: RunResult, usage: dict[str, Any] | None) -> None:
-    if usage:
-        result.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        result.completion_tokens = int(usage.get("completion_tokens") or 0)
+    counts = usage_counts(usage)
+    if counts is not None:
+        result.prompt_tokens, result.completion_tokens = counts
 
 
 def _usage(result: RunResult) -> dict[str, int]:

@@ -152,6 +152,10 @@ class Job:
     lease_deadline: float | None = None
     charged: float = 0.0
     reason: str = ""
+    # The report of a web that streamed the job's answer from its engine itself (a granted
+    # stream, see scheduler/granted.py), kept for a run that picks it after its first
+    # run's worker died: the answer was given; only its release is left.
+    answered: str = ""
 
     @classmethod
     def from_hash(cls, job_id: str, fields: Mapping[str, str]) -> "Job":
@@ -173,6 +177,7 @@ class Job:
             lease_deadline=float(lease) if lease else None,
             charged=float(fields.get("charged", 0)),
             reason=fields.get("reason", ""),
+            answered=fields.get("answered", ""),
         )
 
 

@@ -81,7 +81,7 @@ WAIT_SLICE_S = 2.0
 # One per decision; each file in lua/ runs after lib.lua as one atomic script.
 SCRIPT_NAMES: tuple[str, ...] = (
     *("enqueue", "pick", "release", "release_pick", "cancel", "requeue"),
-    *("reap", "expire", "renew", "check", "stop_waiting", "kick"),
+    *("reap", "expire", "renew", "check", "stop_waiting", "kick", "answer"),
 )
 
 

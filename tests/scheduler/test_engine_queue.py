@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from scheduler.engines.calls import engine_body
 from scheduler.models import Device, Engine, EngineStatus
 from scheduler.pools import fair_queue, sync_engine
 from scheduler.request_classes import ENGINE_PRIORITY, REQUEST_CLASSES
 from tests.scheduler.test_admission import MODEL_CONFIG
-from workers.runner import engine_body
 
 pytestmark = pytest.mark.django_db
 

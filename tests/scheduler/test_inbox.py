@@ -10,8 +10,8 @@ import pytest
 from django.conf import settings
 
 from config.aio_redis import AsyncRedis
+from scheduler.engines.calls import client_data
 from scheduler.fairqueue.inbox import Inbox, chunk_entry, event_entry, parse_event
-from workers.runner import client_data
 
 
 @pytest.mark.parametrize("blmpop", [True, False])

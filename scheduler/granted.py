@@ -1,0 +1,180 @@
+"""A granted stream: the web streams a picked job's answer from its engine itself.
+
+The fair queue decides when a request runs and on which engine; a worker picks it, holds its
+reservation and lease, and releases it (workers/runner.py). For a stream, the worker then
+grants the call to the web process that holds the client (a ``grant`` event: the engine's
+address and the worker's inbox), and waits. The web calls the engine, sends each chunk on
+as the engine wrote it, and reports the end to the worker (`Report`): the tokens used, or
+that the engine refused the request or was lost. The worker ends the run as if it had made
+the call: releases the job with the real tokens and its ledger row, answers a refusal, or
+gives the job back to its queue. Tokens never cross Redis.
+
+While the call lasts the web says it is alive every ALIVE_S (a worker whose web died gives
+up after a silence, and its job is released). The final report is also kept in the job's
+hash (lua/answer.lua): a worker that died while the web streamed leaves the job to the
+reaper, and the run that picks it again finds the answer given and only releases it.
+Words about the job that come while the web streams (that requeue, the new run's grant)
+change nothing for the client; the report goes to the last worker that granted it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import weakref
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from django.conf import settings
+
+from config import wire
+from scheduler.engines.aio_client import AsyncEngineClient
+from scheduler.engines.calls import client_data, engine_body, engine_path, usage_counts
+from scheduler.engines.client import EngineRequestError, EngineUnavailable
+from scheduler.fairqueue.aio import AsyncFairQueue
+from scheduler.fairqueue.inbox import parse_event
+
+log = logging.getLogger(__name__)
+
+# How often a web streaming a granted call tells its worker that it is still there.
+ALIVE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Report:
+    """What the web tells the worker that granted it a call. `final` False: alive only.
+    `outcome`: success, refused (the engine's 4xx: `status_code`, its body in `detail`) or
+    engine_lost (`detail` says how)."""
+
+    final: bool = True
+    outcome: str = "success"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_token_at: float | None = None
+    status_code: int = 200
+    detail: str = ""
+
+    def dumps(self) -> str:
+        return wire.dumps({"event": "report", **asdict(self)})
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> Report:
+        fields = wire.loads(raw)
+        fields.pop("event", None)
+        return cls(**fields)
+
+
+ALIVE = Report(final=False)
+
+# The engines' clients of each event loop, by address (a client is bound to its loop).
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncEngineClient]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def engine_client(base_url: str) -> AsyncEngineClient:
+    clients = _clients.setdefault(asyncio.get_running_loop(), {})
+    client = clients.get(base_url)
+    if client is None:
+        client = clients[base_url] = AsyncEngineClient(
+            base_url,
+            connect_timeout_s=float(settings.GPUSHARE_ENGINE_HTTP_TIMEOUT_S),
+            generate_timeout_s=float(settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S),
+        )
+    return client
+
+
+class GrantedStream:
+    """One granted call, as the web runs it: iterate for the events its waiter would have
+    read from a relayed run (``chunk`` events, then ``done``); nothing more when the engine
+    refused or was lost (the worker's word on it follows through the inbox)."""
+
+    def __init__(
+        self,
+        queue: AsyncFairQueue,
+        job_id: str,
+        request_class: str,
+        call: dict[str, Any],
+        grant: dict[str, Any],
+        words: asyncio.Queue[bytes],
+    ) -> None:
+        self.queue, self.job_id, self.call = queue, job_id, call
+        self.request_class = request_class
+        self.attempt = int(grant["attempt"])
+        self.url, self.reply = str(grant["url"]), str(grant["reply"])
+        self.words = words  # the job's inbox queue: read only to learn of a newer grant
+        self.requeues_seen = 0  # requeues told meanwhile (the waiter counts them, see online)
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        report = Report()
+        alive = asyncio.ensure_future(self._say_alive())
+        try:
+            first_token_at, counts = None, (0, 0)
+            async for data, chunk in self._chunks():
+                if first_token_at is None and chunk.get("choices"):
+                    first_token_at = time.time()
+                counts = usage_counts(chunk.get("usage")) or counts
+                passed_on = client_data(data, chunk, bool(self.call.get("include_usage")))
+                if passed_on is not None:
+                    yield {"event": "chunk", "attempt": self.attempt, "raw": passed_on}
+            report = Report(
+                prompt_tokens=counts[0], completion_tokens=counts[1],
+                first_token_at=first_token_at,
+            )  # fmt: skip
+        except EngineRequestError as exc:
+            report = Report(outcome="refused", status_code=exc.status_code, detail=exc.body)
+        except EngineUnavailable as exc:
+            report = Report(outcome="engine_lost", detail=str(exc))
+        finally:
+            alive.cancel()
+        await self._report(report)
+        if report.outcome == "success":
+            usage = {
+                "prompt_tokens": report.prompt_tokens,
+                "completion_tokens": report.completion_tokens,
+                "total_tokens": report.prompt_tokens + report.completion_tokens,
+            }
+            yield {"event": "done", "usage": usage, "attempt": self.attempt}
+
+    async def _chunks(self) -> AsyncIterator[tuple[bytes, dict[str, Any]]]:
+        client = engine_client(self.url)
+        body = engine_body(self.call, self.request_class)
+        finished = False
+        async for data in client.stream(engine_path(self.call), body):
+            chunk: dict[str, Any] = wire.loads(data)
+            choices = chunk.get("choices") or []
+            finished = finished or any(choice.get("finish_reason") for choice in choices)
+            yield data, chunk
+        if not finished:
+            # An engine whose core died can still end the stream with [DONE]: without a
+            # finish reason, the answer is cut short.
+            raise EngineUnavailable("the engine's stream ended without a finish reason")
+
+    async def _say_alive(self) -> None:
+        while True:
+            await asyncio.sleep(ALIVE_S)
+            with contextlib.suppress(Exception):  # a missed word only shortens the patience
+                await self.queue.answer(self.job_id, ALIVE.dumps(), self._reply(), final=False)
+
+    def _reply(self) -> str:
+        """The inbox of the worker that granted the job last: a newer run (its first worker
+        died, and the reaper gave the job back) waits for the report there."""
+        while not self.words.empty():
+            event = parse_event(self.words.get_nowait())
+            if event.get("event") == "requeued":
+                self.requeues_seen += 1
+            elif event.get("event") == "grant" and int(event["attempt"]) > self.attempt:
+                self.attempt, self.reply = int(event["attempt"]), str(event["reply"])
+        return self.reply
+
+    async def _report(self, report: Report) -> None:
+        # Shielded: a client that leaves now must not cut the report short, which would
+        # leave the worker waiting for it.
+        report_job = self.queue.answer(self.job_id, report.dumps(), self._reply(), final=True)
+        try:
+            await asyncio.shield(asyncio.ensure_future(report_job))
+        except Exception:
+            log.warning("job %s: could not report its stream", self.job_id, exc_info=True)
