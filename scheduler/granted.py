@@ -10,9 +10,9 @@ the call: releases the job with the real tokens and its ledger row, answers a re
 gives the job back to its queue. Tokens never cross Redis.
 
 While the call lasts the web says it is alive every ALIVE_S (a worker whose web died gives
-up after a silence, and its job is released). The final report is also kept in the job's
-hash (lua/answer.lua): a worker that died while the web streamed leaves the job to the
-reaper, and the run that picks it again finds the answer given and only releases it.
+up after a silence, and its job is released). The report of a whole answer is also kept in
+the job's hash (lua/answer.lua): a worker that died while the web streamed leaves the job to
+the reaper, and the run that picks it again finds the answer given and only releases it.
 Words about the job that come while the web streams (that requeue, the new run's grant)
 change nothing for the client; the report goes to the last worker that granted it.
 """
@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 # How often a web streaming a granted call tells its worker that it is still there.
 ALIVE_S = 5.0
+# How long a web tries to deliver a report while Redis does not answer.
+REPORT_TRIES_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ class GrantedStream:
         while True:
             await asyncio.sleep(ALIVE_S)
             with contextlib.suppress(Exception):  # a missed word only shortens the patience
-                await self.queue.answer(self.job_id, ALIVE.dumps(), self._reply(), final=False)
+                await self.queue.answer(self.job_id, ALIVE.dumps(), self._reply(), keep=False)
 
     def _reply(self) -> str:
         """The inbox of the worker that granted the job last: a newer run (its first worker
@@ -171,10 +173,21 @@ class GrantedStream:
         return self.reply
 
     async def _report(self, report: Report) -> None:
-        # Shielded: a client that leaves now must not cut the report short, which would
-        # leave the worker waiting for it.
-        report_job = self.queue.answer(self.job_id, report.dumps(), self._reply(), final=True)
-        try:
-            await asyncio.shield(asyncio.ensure_future(report_job))
-        except Exception:
-            log.warning("job %s: could not report its stream", self.job_id, exc_info=True)
+        # A task of its own, shielded: a client that leaves now must not cut the report
+        # short, which would leave the worker waiting for it.
+        await asyncio.shield(asyncio.ensure_future(self._report_until_heard(report)))
+
+    async def _report_until_heard(self, report: Report) -> None:
+        """Tries again while Redis is away (a restart takes seconds), up to REPORT_TRIES_S:
+        an unheard report leaves the job's seat taken until its worker gives up."""
+        ends = time.monotonic() + REPORT_TRIES_S
+        while True:
+            whole = report.outcome == "success"
+            try:
+                await self.queue.answer(self.job_id, report.dumps(), self._reply(), keep=whole)
+                return
+            except Exception as exc:
+                if time.monotonic() >= ends:
+                    log.warning("job %s: could not report its stream: %s", self.job_id, exc)
+                    return
+            await asyncio.sleep(0.5)

@@ -255,7 +255,7 @@ async def _sse(
     try:
         async for event in online.follow(admitted, client_gone):
             kind = event["event"]
-            if kind == "chunk":  # as the worker passed it on (see workers.runner.client_data)
+            if kind == "chunk":  # as the engine wrote it (see scheduler.engines.calls.client_data)
                 sent_chunks += 1
                 yield b"data: " + event["raw"] + b"\n\n"
             elif kind == "requeued" and sent_chunks:

@@ -72,12 +72,13 @@ class AsyncFairQueue:
     async def cancel(self, job_id: str, reason: str = "cancelled") -> str:
         return _text(await self._run("cancel", job_id, reason))
 
-    async def answer(self, job_id: str, report: str, inbox: str, *, final: bool) -> None:
-        """A granted stream's report (see lua/answer.lua)."""
-        await self._run("answer", job_id, report, inbox, "1" if final else "0")
+    async def answer(self, job_id: str, report: str, inbox: str, *, keep: bool) -> None:
+        """A granted stream's report to `inbox`; kept in the job too (`keep`: the answer was
+        given whole). See lua/answer.lua."""
+        await self._run("answer", job_id, report, inbox, "1" if keep else "0")
 
     async def answered(self, job_id: str) -> str:
-        """The final report a web left in the job's hash ('' = none yet)."""
+        """The report of a whole answer that a web left in the job's hash ('' = none)."""
         return _text(await self.redis.call("HGET", self.keys.job(job_id), "answered") or b"")
 
     async def get_job(self, job_id: str) -> Job | None:

@@ -104,8 +104,8 @@ def reporting(report: Report, *, before: Report | None = None) -> Web:
     async def web(aq: AsyncFairQueue, job_id: str, grant: dict[str, Any]) -> None:
         assert grant["url"] == ENGINE_URL
         if before is not None:
-            await aq.answer(job_id, before.dumps(), grant["reply"], final=False)
-        await aq.answer(job_id, report.dumps(), grant["reply"], final=True)
+            await aq.answer(job_id, before.dumps(), grant["reply"], keep=False)
+        await aq.answer(job_id, report.dumps(), grant["reply"], keep=report.outcome == "success")
 
     return web
 
@@ -121,7 +121,9 @@ def test_a_granted_stream_ends_with_the_tokens_its_web_reports(queue: FairQueue)
     assert (result.outcome, result.prompt_tokens, result.completion_tokens) == ("success", 7, 11)
     assert result.first_token_at == first
     assert result.done_event is None
-    assert queue.get_job(job.job_id).answered  # kept for a run after a dead worker
+    kept = queue.get_job(job.job_id)
+    assert kept is not None
+    assert kept.answered  # for a run that picks it after a dead worker
 
 
 def test_the_engines_refusal_is_answered_to_the_waiter(queue: FairQueue) -> None:
@@ -142,7 +144,10 @@ def test_an_engine_lost_under_the_web_gives_the_job_back(queue: FairQueue) -> No
 
     assert result.outcome == "requeued"
     assert [e["event"] for e in events] == ["grant", "requeued"]
-    assert queue.get_job(job.job_id).state == "queued"
+    requeued = queue.get_job(job.job_id)
+    assert requeued is not None
+    assert requeued.state == "queued"
+    assert requeued.answered == ""  # its next run calls the engine again
 
 
 def test_a_job_its_web_already_answered_is_only_released(queue: FairQueue) -> None:
@@ -168,7 +173,7 @@ def test_a_silent_web_is_given_up_unless_its_report_is_in_the_job(
 
     async def reports_only_to_the_job(aq: AsyncFairQueue, job_id: str, _: dict[str, Any]) -> None:
         report = Report(prompt_tokens=2, completion_tokens=9).dumps()
-        await aq.answer(job_id, report, "", final=True)  # its worker's inbox lost
+        await aq.answer(job_id, report, "", keep=True)  # its worker's inbox lost
 
     result, _ = run_granted(queue, other, reports_only_to_the_job)
     assert (result.outcome, result.completion_tokens) == ("success", 9)
