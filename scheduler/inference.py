@@ -232,6 +232,12 @@ PROMPT_NEUTRAL_FIELDS = frozenset({
 })  # fmt: skip
 
 
+# A chat message the byte bound sees whole: its role and its text. Tool calls, a name,
+# reasoning and the like go through the chat template too, so a message with them is counted
+# by the engine.
+PLAIN_MESSAGE_FIELDS = frozenset({"role", "content"})
+
+
 def bounded_prompt_tokens(request: InferenceRequest, max_model_len: int, limit: int) -> int | None:
     """A safe stand-in for the engine's count of the prompt, or None when only the engine
     can say: the byte bound plus a margin, for short text prompts (bound <= `limit`) of a
@@ -240,7 +246,8 @@ def bounded_prompt_tokens(request: InferenceRequest, max_model_len: int, limit: 
     if request.max_tokens is None or not set(request.body) <= PROMPT_NEUTRAL_FIELDS:
         return None
     if request.endpoint == "chat" and not all(
-        _text_only(m.get("content")) for m in request.body["messages"]
+        set(m) <= PLAIN_MESSAGE_FIELDS and _text_only(m.get("content"))
+        for m in request.body["messages"]
     ):
         return None
     bound = prompt_token_bound(request)

@@ -237,7 +237,9 @@ def known_prompt_tokens(request: InferenceRequest, engine: Engine) -> int | None
     """The prompt's tokens when no engine needs to count them: token-id prompts are their
     own count; a short text prompt's byte bound plus a margin stands in for its count (see
     `bounded_prompt_tokens`). None: ask the engine (`count_prompt_tokens`)."""
-    prompt = request.body.get("prompt")
+    # Only a completion's prompt is its prompt: the chat endpoint ignores a `prompt` field
+    # and runs its messages, which must be counted whatever else the body carries.
+    prompt = request.body.get("prompt") if request.endpoint == "completions" else None
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         return len(prompt)
     limit = settings.GPUSHARE_COUNT_PROMPTS_ABOVE_TOKENS

@@ -3,7 +3,10 @@ whoever makes the call (the worker's dispatcher, or the web for a stream it was 
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
+
+from django.utils.crypto import salted_hmac
 
 from config import wire
 from scheduler.inference import ENDPOINT_PATHS
@@ -17,16 +20,27 @@ def engine_path(request: dict[str, Any]) -> str:
 
 def engine_body(request: dict[str, Any], request_class: str) -> dict[str, Any]:
     """What the engine gets: the client's body, streamed or not as asked, at its class's
-    priority (never one the client chose: the engine's queue is shared)."""
+    priority and with its tenant's cache salt (never what the client chose: the engine and
+    its prefix cache are shared)."""
     body = {
         **request["body"],
         "stream": bool(request["stream"]),
         "priority": ENGINE_PRIORITY[request_class],
+        "cache_salt": tenant_cache_salt(int(request["tenant_id"])),
     }
     if request["stream"]:
         # Always ask for usage, to charge the real tokens; the client gets it only if asked.
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     return body
+
+
+@lru_cache(maxsize=4096)
+def tenant_cache_salt(tenant_id: int) -> str:
+    """The tenant's salt for the engine's prefix cache (vLLM's `cache_salt`): cached prefixes
+    are shared between one tenant's requests and never across tenants, so a tenant cannot
+    learn from its time to first token what another one sent. Keyed by the platform's secret,
+    so that no tenant can compute another's salt."""
+    return salted_hmac("gpushare.engines.cache_salt", str(tenant_id)).hexdigest()[:32]
 
 
 def client_data(data: bytes, chunk: dict[str, Any], include_usage: bool) -> bytes | None:

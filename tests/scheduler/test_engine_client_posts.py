@@ -329,7 +329,10 @@ def test_the_dispatchers_client_posts_whole_answers_and_passes_refusals_on(engin
 def _picked_stream(queue: FairQueue) -> Job:
     queue.set_tenant_policy("acme", TenantPolicy(1, 8 * UNIT))
     queue.set_engine_policy(EnginePolicy("e1", "m", 8 * UNIT, 2))
-    payload = {"stream": True, "endpoint": "chat", "body": {"model": "m", "messages": []}}
+    payload = {
+        "stream": True, "endpoint": "chat", "tenant_id": 1,
+        "body": {"model": "m", "messages": []},
+    }  # fmt: skip
     queue.enqueue(
         tenant="acme", pool="m", request_class="standard", prompt_tokens=4, max_tokens=8,
         kv_bytes=UNIT, payload=json.dumps(payload),

@@ -129,8 +129,23 @@ LONG = {"role": "user", "content": "x" * 2000}
         ({"model": "m", "max_tokens": 16, "messages": [IMAGE]}, "not text"),
         ({**CHAT, "max_tokens": 2000}, "too close to the model's length to guess"),
         ({"model": "m", "max_tokens": 1, "messages": [LONG]}, "long: worth counting exactly"),
+        (
+            {"model": "m", "max_tokens": 16, "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c", "type": "function",
+                     "function": {"name": "f", "arguments": "x" * 5000}},
+                ]},
+            ]},
+            "tool calls enter the prompt through the template",
+        ),
+        (
+            {"model": "m", "max_tokens": 16,
+             "messages": [{"role": "user", "content": "hi", "name": "x" * 3000}]},
+            "a name enters the prompt",
+        ),
     ],
-)
+)  # fmt: skip
 def test_the_engine_counts_what_the_bound_cannot_vouch_for(body, why):
     assert bounded(body) is None, why
 
@@ -143,3 +158,22 @@ def test_the_stand_in_is_never_below_the_bytes_of_the_text(text):
 
 def test_zero_turns_the_stand_in_off():
     assert bounded({**CHAT, "max_tokens": 16}, limit=0) is None
+
+
+def test_a_chat_request_is_counted_by_its_messages_whatever_prompt_it_carries():
+    from types import SimpleNamespace
+
+    from scheduler.online import known_prompt_tokens
+
+    message = {"role": "user", "content": "x" * 700}
+    honest = parse_inference_request("chat", {"model": "m", "max_tokens": 8, "messages": [message]})
+    stray = parse_inference_request(
+        "chat", {"model": "m", "max_tokens": 8, "messages": [message], "prompt": [0]}
+    )
+    engine = SimpleNamespace(max_model_len=4096)
+    counted = known_prompt_tokens(honest, engine)  # type: ignore[arg-type]
+    assert counted is not None
+    assert counted > 700
+    assert known_prompt_tokens(stray, engine) == counted  # type: ignore[arg-type]
+    ids = parse_inference_request("completions", {"model": "m", "max_tokens": 8, "prompt": [1, 2]})
+    assert known_prompt_tokens(ids, engine) == 2  # type: ignore[arg-type]

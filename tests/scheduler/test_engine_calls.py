@@ -1,0 +1,32 @@
+"""What the engine gets of a call, whoever makes it: each tenant's own prefix-cache salt,
+never the client's, keyed by the platform's secret; and usage only for a client that asked."""
+
+from __future__ import annotations
+
+from scheduler.engines.calls import engine_body, tenant_cache_salt
+
+
+def body_for(tenant_id: int, **fields: object) -> dict:
+    request = {
+        "endpoint": "chat", "stream": False, "tenant_id": tenant_id,
+        "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields},
+    }  # fmt: skip
+    return engine_body(request, "standard")
+
+
+def test_each_tenant_gets_a_salt_of_its_own_and_never_the_clients() -> None:
+    a, again, b = body_for(1), body_for(1), body_for(2)
+    assert a["cache_salt"] == again["cache_salt"]  # a tenant's prefixes are shared
+    assert a["cache_salt"] != b["cache_salt"]  # never across tenants
+    chosen = body_for(2, cache_salt=a["cache_salt"])  # B asks for A's salt
+    assert chosen["cache_salt"] == b["cache_salt"]
+
+
+def test_the_salt_follows_the_platforms_secret(settings) -> None:
+    before = tenant_cache_salt(7)
+    tenant_cache_salt.cache_clear()
+    settings.SECRET_KEY = "another secret of at least fifty characters, for the test's sake"
+    try:
+        assert tenant_cache_salt(7) != before  # not computable without the secret
+    finally:
+        tenant_cache_salt.cache_clear()
