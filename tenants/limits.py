@@ -18,6 +18,7 @@ in a thread). Both build the script's arguments and read its verdict through `_C
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,6 +35,8 @@ from config.aio_redis import AsyncRedis
 from config.errors import DomainError
 from config.redis import redis_client
 from tenants.models import BudgetPeriod, Tenant, UsageRecord
+
+log = logging.getLogger(__name__)
 
 PREFIX = "gs:limits:"
 WINDOW_S = 60
@@ -69,6 +72,7 @@ return {'ok', 0}
 """
 
 
+# A negative refund is a charge (DECRBY of a negative amount adds it).
 _REFUND = """
 for _, k in ipairs(KEYS) do
   if redis.call('EXISTS', k) == 1 then
@@ -241,10 +245,18 @@ def _rate_limited(message: str, retry_after: int) -> RateLimited:
 
 
 def limits_settle(*, admission: Admission, used_tokens: int) -> None:
-    """Replaces the estimate with what the request really used (never below zero)."""
+    """Replaces the estimate with what the request really used (never below zero): what it
+    did not use is given back, and what it used beyond the estimate (a prompt the engine
+    counted longer than its bound) is charged too, so a tenant's tokens per minute and budget
+    count the real tokens either way."""
     refund = admission.estimated_tokens - used_tokens
-    if refund <= 0 or not admission.counted:
+    if refund == 0 or not admission.counted:
         return
+    if refund < 0:
+        log.warning(
+            "tenant %s used %d tokens, %d more than admitted; charged",
+            admission.tenant_id, used_tokens, -refund,
+        )  # fmt: skip
     token_key = f"{PREFIX}{admission.tenant_id}:tok:{admission.minute}"
     keys = [token_key] + ([admission.budget_key] if admission.budget_key else [])
     _script(_REFUND)(keys=keys, args=[refund])

@@ -92,6 +92,15 @@ def test_tpm_counts_the_estimate_and_settling_refunds_what_was_not_used(
     limits_admit(tenant=owner, estimated_tokens=300, now=NOW + 2)
 
 
+def test_settling_charges_what_was_used_beyond_the_estimate(owner, redis_db, limits_admit):
+    tenant_update(tenant=owner, tpm_limit=1000, token_budget=5000, budget_period="day")
+    admission = limits_admit(tenant=owner, estimated_tokens=10, now=NOW)
+    limits_settle(admission=admission, used_tokens=900)  # the prompt was far longer
+    with pytest.raises(RateLimited, match="1000 tokens per minute"):
+        limits_admit(tenant=owner, estimated_tokens=200, now=NOW + 1)
+    assert int(redis_db.get(admission.budget_key)) == 900
+
+
 def test_other_tenants_are_not_limited_by_a_busy_one(owner, outsider, redis_db, limits_admit):
     tenant_update(tenant=owner, rpm_limit=1)
     tenant_update(tenant=outsider, rpm_limit=1)
