@@ -46,7 +46,7 @@ from scheduler.inference import (
     InferenceRequest,
     InvalidRequest,
     parse_inference_request,
-    prompt_token_bound,
+    reserved_prompt_tokens,
 )
 from scheduler.kvcost import kv_cost_bytes
 from scheduler.models import (
@@ -605,10 +605,10 @@ class _Feeder:
             return True  # no ready engine of this model now: its lines wait
         endpoint = ENDPOINTS_BY_PATH[self.batch.endpoint]
         requests = [parse_inference_request(endpoint, line.body) for line in lines]
-        # The byte bound, not the engine's /tokenize: a busy engine answered a window's
-        # counts in 1-2.5 s (measured), stalling the feed while the window drained. The bound
-        # never under-reserves; the real counts are charged when each line ends.
-        counts = [prompt_token_bound(request) for request in requests]
+        # A byte bound, not the engine's /tokenize: a busy engine answered a window's counts
+        # in 1-2.5 s (measured), stalling the feed while the window drained. The real counts
+        # are charged when each line ends.
+        counts = [reserved_prompt_tokens(request) for request in requests]
         try:
             for line, request, prompt_tokens in zip(lines, requests, counts, strict=True):
                 if not self._feed_line(line, request, prompt_tokens, route):

@@ -256,6 +256,31 @@ def bounded_prompt_tokens(request: InferenceRequest, max_model_len: int, limit: 
     return bound + BOUND_MARGIN_TOKENS
 
 
+def reserved_prompt_tokens(request: InferenceRequest) -> int:
+    """An upper bound on the prompt's tokens for work that is not counted by the engine (batch
+    lines): the byte bound plus its margin for a plain request (see `bounded_prompt_tokens`);
+    otherwise every byte of whatever can enter the prompt (the messages whole, tool calls,
+    names and parts included, and the body's fields that are not prompt-neutral, such as
+    tools), as JSON, plus the template's markers per message and the margin."""
+    plain = set(request.body) <= PROMPT_NEUTRAL_FIELDS and (
+        request.endpoint == "completions"
+        or all(
+            set(m) <= PLAIN_MESSAGE_FIELDS and _text_only(m.get("content"))
+            for m in request.body["messages"]
+        )
+    )
+    if plain:
+        return prompt_token_bound(request) + BOUND_MARGIN_TOKENS
+    extra = {k: v for k, v in request.body.items() if k not in PROMPT_NEUTRAL_FIELDS}
+    if request.endpoint == "completions":
+        prompt_bytes = len(wire.dumps_bytes(request.body["prompt"]))
+        markers = 0
+    else:
+        prompt_bytes = len(wire.dumps_bytes(request.body["messages"]))
+        markers = CHAT_TEMPLATE_OVERHEAD_TOKENS * (len(request.body["messages"]) + 1)
+    return prompt_bytes + len(wire.dumps_bytes(extra)) + markers + BOUND_MARGIN_TOKENS
+
+
 def _text_only(content: Any) -> bool:
     if content is None or isinstance(content, str):
         return True

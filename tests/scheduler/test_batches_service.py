@@ -514,10 +514,10 @@ def test_a_tenant_over_its_token_budget_cannot_start_a_batch(files_dir, queue, o
 def test_a_batch_that_runs_out_of_budget_fails_clearly_and_delivers_what_ran(
     files_dir, queue, owner, owner_key, settings
 ):
-    # A line is admitted on its estimate (~34 tokens: prompt bound + max_tokens) and
-    # settled to what it used (6): a few lines run one by one, then the budget is used up.
+    # A line is admitted on its estimate (~98 tokens: prompt bound + margin + max_tokens)
+    # and settled to what it used (6): a few lines run one by one, then the budget is used up.
     settings.GPUSHARE_BATCH_WINDOW = 1
-    owner.token_budget = 50
+    owner.token_budget = 110
     owner.save()
     client = bearer_client(owner_key)
     created = start_batch(client, chat_jsonl(5))

@@ -177,3 +177,20 @@ def test_a_chat_request_is_counted_by_its_messages_whatever_prompt_it_carries():
     assert known_prompt_tokens(stray, engine) == counted  # type: ignore[arg-type]
     ids = parse_inference_request("completions", {"model": "m", "max_tokens": 8, "prompt": [1, 2]})
     assert known_prompt_tokens(ids, engine) == 2  # type: ignore[arg-type]
+
+
+def test_work_not_counted_by_the_engine_is_reserved_for_every_byte_that_can_enter_the_prompt():
+    from scheduler.inference import reserved_prompt_tokens
+
+    plain = parse_inference_request("chat", {**CHAT, "max_tokens": 8})
+    assert reserved_prompt_tokens(plain) == prompt_token_bound(plain) + BOUND_MARGIN_TOKENS
+    calls = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "x" * 5000}},
+    ]}  # fmt: skip
+    with_calls = parse_inference_request(
+        "chat", {"model": "m", "max_tokens": 8, "messages": [CHAT["messages"][0], calls]}
+    )
+    assert reserved_prompt_tokens(with_calls) > 5000  # the content bound alone: 18
+    tools = [{"type": "function", "function": {"name": "g", "description": "y" * 3000}}]
+    with_tools = parse_inference_request("chat", {**CHAT, "max_tokens": 8, "tools": tools})
+    assert reserved_prompt_tokens(with_tools) > 3000
