@@ -107,8 +107,7 @@ class GrantedStream:
         self.request_class = request_class
         self.attempt = int(grant["attempt"])
         self.url, self.reply = str(grant["url"]), str(grant["reply"])
-        self.words = words  # the job's inbox queue: read only to learn of a newer grant
-        self.requeues_seen = 0  # requeues told meanwhile (the waiter counts them, see online)
+        self.words = words  # the job's inbox queue: looked through for a newer grant
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         report = Report()
@@ -163,13 +162,19 @@ class GrantedStream:
 
     def _reply(self) -> str:
         """The inbox of the worker that granted the job last: a newer run (its first worker
-        died, and the reaper gave the job back) waits for the report there."""
+        died, and the reaper gave the job back) waits for the report there. The job's other
+        words stay in its queue, in order, for its waiter to read once this call is over."""
+        kept: list[bytes] = []
         while not self.words.empty():
-            event = parse_event(self.words.get_nowait())
-            if event.get("event") == "requeued":
-                self.requeues_seen += 1
-            elif event.get("event") == "grant" and int(event["attempt"]) > self.attempt:
-                self.attempt, self.reply = int(event["attempt"]), str(event["reply"])
+            raw = self.words.get_nowait()
+            event = parse_event(raw)
+            if event.get("event") == "grant":
+                if int(event["attempt"]) > self.attempt:
+                    self.attempt, self.reply = int(event["attempt"]), str(event["reply"])
+            else:
+                kept.append(raw)
+        for raw in kept:  # no await since the first get: nothing came in between
+            self.words.put_nowait(raw)
         return self.reply
 
     async def _report(self, report: Report) -> None:

@@ -539,7 +539,6 @@ async def _follow(
                 if word["event"] in FINAL_EVENTS:
                     return
             # The engine refused the request or was lost: the worker's word follows.
-            requeues += stream.requeues_seen
             last_event = time.time()
             continue
         yield event
