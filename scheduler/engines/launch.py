@@ -17,6 +17,30 @@ from scheduler.units import GIB, UNIT_BYTES, gpu_memory_utilization
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 CPU_UNITS_PER_GIB = GIB // UNIT_BYTES
 
+# What an engine's process inherits of the platform's environment: what the system, Python,
+# the model runtime and its caches read, and nothing else. The platform's own settings
+# (DATABASE_URL with its password, REDIS_URL, DJANGO_SECRET_KEY, GPUSHARE_*, storage keys)
+# never reach a process that runs tenants' requests.
+ENGINE_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+    "LD_LIBRARY_PATH", "LD_PRELOAD", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE",
+    "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+})  # fmt: skip
+ENGINE_ENV_PREFIXES = (
+    "LC_", "XDG_", "VLLM_", "HF_", "HUGGING_FACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_",
+    "CUDA_", "NVIDIA_", "NCCL_", "TRITON_", "KMP_", "OMP_", "ONEDNN_", "DNNL_",
+)  # fmt: skip
+
+
+def engine_env(base_env: Mapping[str, str]) -> dict[str, str]:
+    """`base_env` less everything an engine has no business seeing (ENGINE_ENV_NAMES)."""
+    return {
+        name: value
+        for name, value in base_env.items()
+        if name in ENGINE_ENV_NAMES or name.startswith(ENGINE_ENV_PREFIXES)
+    }
+
+
 # Nothing can be downloaded and nothing should be phoned home.
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -79,7 +103,7 @@ def build_launch(launch: EngineLaunch, *, python: str, base_env: Mapping[str, st
         "--scheduling-policy",
         "priority",
     ]
-    env = {**base_env, **OFFLINE_ENV}
+    env = {**engine_env(base_env), **OFFLINE_ENV}
     if launch.device_kind == "gpu":
         fraction = gpu_memory_utilization(
             footprint_units=launch.footprint_units,

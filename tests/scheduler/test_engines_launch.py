@@ -147,3 +147,17 @@ def test_terminate_ends_the_whole_process_group(tmp_path: Path) -> None:
     assert process.terminate(pid, timeout_s=10)
     leftover = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True)
     assert leftover.stdout.strip() == ""
+
+
+def test_an_engine_inherits_nothing_of_the_platforms_secrets() -> None:
+    base_env = {
+        "PATH": "/bin", "HOME": "/root", "LC_ALL": "C.UTF-8", "HF_HOME": "/models/hf",
+        "VLLM_CPU_OMP_THREADS_BIND": "0", "LD_PRELOAD": "/lib/libtcmalloc.so",
+        "DATABASE_URL": "postgres://gs:secret@db/gs", "REDIS_URL": "redis://:pw@redis:6379/0",
+        "DJANGO_SECRET_KEY": "s3cret", "GPUSHARE_METRICS_TOKEN": "t", "CELERY_BROKER_URL": "x",
+        "AWS_SECRET_ACCESS_KEY": "k",
+    }  # fmt: skip
+    spec = build_launch(launch(), python="/venv/bin/python", base_env=base_env)
+    kept = {"PATH", "HOME", "LC_ALL", "HF_HOME", "VLLM_CPU_OMP_THREADS_BIND", "LD_PRELOAD"}
+    assert {name: spec.env[name] for name in kept} == {name: base_env[name] for name in kept}
+    assert (set(base_env) - kept) & set(spec.env) == set()
