@@ -1,7 +1,7 @@
 """A stand-in for vLLM's OpenAI server, for supervisor tests: same command line, same
 /health, /v1/completions and /metrics shapes, starts in a fraction of a second.
 
-FAKE_VLLM_MODE: "ok" (default), "die" (print an error and exit 3 while starting),
+VLLM_FAKE_MODE: "ok" (default), "die" (print an error and exit 3 while starting),
 "no_metrics" (healthy but without vllm:cache_config_info).
 """
 
@@ -12,7 +12,7 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-MODE = os.environ.get("FAKE_VLLM_MODE", "ok")
+MODE = os.environ.get("VLLM_FAKE_MODE", "ok")
 METRICS = (
     'vllm:num_requests_running{engine="0",model_name="%(name)s"} 0.0\n'
     'vllm:num_requests_waiting{engine="0",model_name="%(name)s"} 0.0\n'

@@ -57,7 +57,7 @@ def fake_vllm(tmp_path: Path, settings, monkeypatch: pytest.MonkeyPatch) -> Path
     settings.GPUSHARE_VLLM_PYTHON = str(wrapper)
     settings.GPUSHARE_ENGINE_DIR = tmp_path / "engines"
     settings.GPUSHARE_NODE_NAME = NODE
-    monkeypatch.setenv("FAKE_VLLM_MODE", "ok")
+    monkeypatch.setenv("VLLM_FAKE_MODE", "ok")
     return wrapper
 
 
@@ -149,7 +149,7 @@ def test_it_drains_then_stops_and_the_process_is_gone(engine) -> None:
 def test_an_engine_that_dies_during_start_is_marked_failed_with_its_log(
     engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FAKE_VLLM_MODE", "die")
+    monkeypatch.setenv("VLLM_FAKE_MODE", "die")
     with pytest.raises(EngineStartError, match="died while starting") as failed:
         engine_start(name="fake", timeouts=FAST)
     assert "exit code 3" in failed.value.message
@@ -163,7 +163,7 @@ def test_an_engine_that_dies_during_start_is_marked_failed_with_its_log(
 def test_an_engine_without_kv_capacity_in_its_metrics_is_not_ready(
     engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("FAKE_VLLM_MODE", "no_metrics")
+    monkeypatch.setenv("VLLM_FAKE_MODE", "no_metrics")
     with pytest.raises(EngineStartError, match="cache_config_info"):
         engine_start(name="fake", timeouts=FAST)
     engine.refresh_from_db()
