@@ -227,13 +227,14 @@ async def whole_request(
 CLIENT_KEEPALIVE_S = 2.0
 
 
-def http_client(connections: int) -> httpx.AsyncClient:
+def http_client(connections: int, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
     limits = httpx.Limits(
         max_connections=connections,
         max_keepalive_connections=connections,
         keepalive_expiry=CLIENT_KEEPALIVE_S,
     )
-    return httpx.AsyncClient(timeout=httpx.Timeout(600, connect=30), limits=limits)
+    timeout = httpx.Timeout(600, connect=30)
+    return httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers)
 
 
 def chat_body(model: str, max_tokens: int, prompt: str = "Tell me a story.") -> dict[str, Any]:
@@ -303,6 +304,7 @@ class BenchPlatform:
     model: str
     engine_port: int
     redis_url: str
+    engine_auth: dict[str, str]  # the header the engine accepts (scheduler.engines.auth)
 
     @property
     def engine_url(self) -> str:
@@ -373,7 +375,9 @@ def bench_platform(
         engine_created = True
         print("starting the engine (about a minute)...", flush=True)
         platform.manage("engine", "start", model)
-        yield BenchPlatform(platform, model, engine_port, redis_url)
+        engine_key = platform.manage("engine", "key", model).strip()
+        auth = {"Authorization": f"Bearer {engine_key}"}
+        yield BenchPlatform(platform, model, engine_port, redis_url, auth)
     finally:
         try:
             if engine_created:

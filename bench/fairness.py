@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import redis
 from common import (
     DEFAULT_REDIS_URL,
+    BenchPlatform,
     FifoDispatcher,
     Outcome,
     bench_platform,
@@ -169,9 +170,10 @@ async def sample_queue(redis_url: str, seconds: float) -> dict[str, tuple[float,
 
 
 async def run_fifo(
-    engine_url: str, body: dict, tenants: dict[str, int], args: argparse.Namespace
+    bench: BenchPlatform, body: dict, tenants: dict[str, int], args: argparse.Namespace
 ) -> Side:
-    async with http_client(args.max_num_seqs) as client:
+    engine_url = bench.engine_url
+    async with http_client(args.max_num_seqs, bench.engine_auth) as client:
         url = f"{engine_url}/v1/chat/completions"
         fifo = FifoDispatcher(client, url, args.max_num_seqs, stream=args.stream)
         fifo.start()
@@ -262,7 +264,7 @@ def main() -> None:
             flush=True,
         )
         platform = asyncio.run(run_platform(bench.platform.base_url, keys, body, tenants, args))
-        fifo = asyncio.run(run_fifo(bench.engine_url, body, tenants, args))
+        fifo = asyncio.run(run_fifo(bench, body, tenants, args))
     report([platform, fifo], weights, flooder)
 
 

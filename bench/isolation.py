@@ -30,6 +30,7 @@ from typing import Any
 
 from common import (
     DEFAULT_REDIS_URL,
+    BenchPlatform,
     FifoDispatcher,
     Outcome,
     arrival_offsets,
@@ -65,7 +66,7 @@ async def interactive_platform(
 
 
 async def interactive_fifo(
-    engine_url: str,
+    bench: BenchPlatform,
     body: dict[str, Any],
     offsets: list[float],
     slots: int,
@@ -73,8 +74,8 @@ async def interactive_fifo(
 ) -> tuple[list[Outcome], int, float]:
     """The interactive schedule through a FIFO dispatcher that has `flood` queued first;
     returns the outcomes, how many flood requests finished meanwhile, and the seconds."""
-    async with http_client(slots) as client:
-        fifo = FifoDispatcher(client, f"{engine_url}/v1/chat/completions", slots)
+    async with http_client(slots, bench.engine_auth) as client:
+        fifo = FifoDispatcher(client, f"{bench.engine_url}/v1/chat/completions", slots)
         fifo.start()
         flooded = [fifo.submit(b, "batch") for b in flood]
         start = time.perf_counter()
@@ -150,10 +151,10 @@ def main() -> None:
         wait_for(lambda: batch_get(base, bulk_key, batch_id)["status"] == "cancelled", 120)
 
         fifo_alone, _, _ = asyncio.run(
-            interactive_fifo(bench.engine_url, body, offsets, args.max_num_seqs, [])
+            interactive_fifo(bench, body, offsets, args.max_num_seqs, [])
         )
         fifo_flooded, fifo_done, fifo_s = asyncio.run(
-            interactive_fifo(bench.engine_url, body, offsets, args.max_num_seqs, flood)
+            interactive_fifo(bench, body, offsets, args.max_num_seqs, flood)
         )
 
     print(

@@ -73,11 +73,11 @@ print(json.dumps({{'rows': rows, 'samples': samples}}))
 
 
 async def direct_capacity(
-    engine_url: str, body: dict[str, Any], slots: int, seconds: float
+    bench: BenchPlatform, body: dict[str, Any], slots: int, seconds: float
 ) -> float:
     """Tokens/s the engine serves to `slots` closed loops of `body`, called directly."""
-    tokens = 0
-    async with http_client(slots) as client:
+    tokens, engine_url = 0, bench.engine_url
+    async with http_client(slots, bench.engine_auth) as client:
         start = time.perf_counter()
         end = start + seconds
 
@@ -187,9 +187,7 @@ def main() -> None:
         bulk_key = bench.tenant("bulk", quota_units=4, classes=["standard", "offline"])
         online_body = chat_body(bench.model, args.online_max_tokens)
         line_body = chat_body(bench.model, args.batch_max_tokens)
-        capacity = asyncio.run(
-            direct_capacity(bench.engine_url, line_body, slots, args.capacity_seconds)
-        )
+        capacity = asyncio.run(direct_capacity(bench, line_body, slots, args.capacity_seconds))
         budget = kv_budget_units(bench)
         # The online load's reserved fraction: prompt (~20 tokens) + max_tokens, in 16-token
         # blocks, 1 KiB per token for the tiny model, at `slots` at once.

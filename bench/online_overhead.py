@@ -124,13 +124,17 @@ def main() -> None:
         pids = bench.pids()
 
         asyncio.run(send(platform_url, auth, body, args.concurrency, args.concurrency))  # warm
-        asyncio.run(send(direct_url, {}, body, args.concurrency, args.concurrency))
+        asyncio.run(send(direct_url, bench.engine_auth, body, args.concurrency, args.concurrency))
         idle = idle_cpu_per_s(pids, seconds=args.idle_s)
         direct: list[Round] = []
         through: list[Round] = []
         cpu = dict.fromkeys(pids, 0.0)
         for number in range(1, args.rounds + 1):
-            direct.append(asyncio.run(send(direct_url, {}, body, args.requests, args.concurrency)))
+            direct.append(
+                asyncio.run(
+                    send(direct_url, bench.engine_auth, body, args.requests, args.concurrency)
+                )
+            )
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             spies = start_profilers(args.profile, pids) if args.profile else []
             load = send(platform_url, auth, body, args.requests, args.concurrency)

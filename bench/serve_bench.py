@@ -170,6 +170,7 @@ class Target:
     platform_url: str
     engine_url: str
     api_key: str
+    engine_key: str  # what the engine accepts (scheduler.engines.auth): for the direct runs
     model: str
     root_pid: int | None  # run.sh (or what started the web): its platform's processes are under it
 
@@ -212,7 +213,8 @@ def started_platform(log_path: Path, timeout_s: float, wait_s: float) -> Iterato
     try:
         key = wait_until_serving(run, started, log_path, timeout_s)
         print(f"the platform serves (after {time.time() - started:.0f} s)", flush=True)
-        yield Target(PLATFORM_URL, ENGINE_URL, key, MODEL, run.pid)
+        engine_key = manage("engine", "key", ENGINE).stdout.strip()
+        yield Target(PLATFORM_URL, ENGINE_URL, key, engine_key, MODEL, run.pid)
     finally:
         stop_platform(run)
 
@@ -514,7 +516,7 @@ def measure_sweep(
         direct = vllm_argv(
             row.kind, target.engine_url, *load, args.result_dir / f"{name}-direct.json"
         )
-        row.direct = bench_run(client, direct, None, pids)
+        row.direct = bench_run(client, direct, target.engine_key, pids)
         print(describe(f"{row.kind.name} c={row.concurrency} direct", row.direct), flush=True)
         through = vllm_argv(
             row.kind, target.platform_url, *load, args.result_dir / f"{name}-platform.json"
@@ -621,10 +623,11 @@ def loop_group(
     }
 
 
-def straight_to_the_engine(group: dict[str, Any]) -> dict[str, Any]:
-    """The group's loops sent to the engine itself, each request at the priority the
-    platform would give its class."""
-    return {**group, "priority": ENGINE_PRIORITY[group["request_class"]]}
+def straight_to_the_engine(group: dict[str, Any], target: Target) -> dict[str, Any]:
+    """The group's loops sent to the engine itself (with its key), each request at the
+    priority the platform would give its class."""
+    priority = ENGINE_PRIORITY[group["request_class"]]
+    return {**group, "key": target.engine_key, "priority": priority}
 
 
 def loops_job(
@@ -746,7 +749,7 @@ def measure_isolation(client: LoadClient, target: Target, args: argparse.Namespa
     interactive = loop_group("interactive", chat_key, "interactive", 2, True, args.loop_tokens)
     flood = loop_group("flood", bulk_key, "standard", args.flood_streams, False, args.loop_tokens)
     # The engine's own floor first: the same loops straight to it, at the classes' priorities.
-    straight = [straight_to_the_engine(interactive), straight_to_the_engine(flood)]
+    straight = [straight_to_the_engine(g, target) for g in (interactive, flood)]
     engine_runs = [
         run_loops(client, loops_job(target, groups, warmup, args.isolation_duration, True))
         for groups in (straight[:1], straight)
@@ -842,6 +845,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--platform-url", help="measure this running platform; start nothing")
     parser.add_argument("--engine-url", help="with --platform-url: its engine, for direct runs")
     parser.add_argument("--api-key", help="with --platform-url: a tenant key")
+    parser.add_argument(
+        "--engine-key", help="with --platform-url: the engine's (`manage.py engine key NAME`)"
+    )
     parser.add_argument("--start-timeout", type=float, default=900.0, help="s for make run")
     parser.add_argument("--port-wait", type=float, default=1800.0, help="s to wait for :8000")
     parser.add_argument("--stand-in-port", type=int, default=8199)
@@ -850,9 +856,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--result-dir", type=Path, help="default var/bench/serve_bench-DATE")
     args = parser.parse_args()
-    external = [args.platform_url, args.engine_url, args.api_key]
+    external = [args.platform_url, args.engine_url, args.api_key, args.engine_key]
     if any(external) and not all(external):
-        parser.error("--platform-url, --engine-url and --api-key go together")
+        parser.error("--platform-url, --engine-url, --api-key and --engine-key go together")
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     args.result_dir = (args.result_dir or REPO / "var" / "bench" / f"serve_bench-{stamp}").resolve()
     args.result_dir.mkdir(parents=True, exist_ok=True)
@@ -889,7 +895,9 @@ def main() -> None:
             measure_ceilings(client, rows, args)
         if args.platform_url:
             root = web_parent(args.platform_url)
-            target = Target(args.platform_url, args.engine_url, args.api_key, MODEL, root)
+            target = Target(
+                args.platform_url, args.engine_url, args.api_key, args.engine_key, MODEL, root
+            )
         else:
             log = args.result_dir / "platform.log"
             target = stack.enter_context(started_platform(log, args.start_timeout, args.port_wait))

@@ -87,7 +87,7 @@ def level(
     auth = {"Authorization": f"Bearer {key}"}
     pids = bench.pids()
 
-    direct, d_wall = asyncio.run(serve(direct_url, {}, body, offsets, concurrency))
+    direct, d_wall = asyncio.run(serve(direct_url, bench.engine_auth, body, offsets, concurrency))
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     through, p_wall = asyncio.run(serve(platform_url, auth, body, offsets, concurrency))
     cpu = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
@@ -135,7 +135,9 @@ def main() -> None:
         warm = arrival_offsets(max(levels), float("inf"), 1.0, args.seed)
         body = chat_body(bench.model, args.max_tokens)
         auth = {"Authorization": f"Bearer {key}"}
-        asyncio.run(serve(f"{bench.engine_url}/v1/chat/completions", {}, body, warm, 8))
+        asyncio.run(
+            serve(f"{bench.engine_url}/v1/chat/completions", bench.engine_auth, body, warm, 8)
+        )
         asyncio.run(serve(f"{bench.platform.base_url}/v1/chat/completions", auth, body, warm, 8))
         print(
             f"load: rate {args.request_rate} req/s, burstiness {args.burstiness}, "

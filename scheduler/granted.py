@@ -32,6 +32,7 @@ from django.conf import settings
 
 from config import wire
 from scheduler.engines.aio_client import AsyncEngineClient
+from scheduler.engines.auth import engine_api_key
 from scheduler.engines.calls import client_data, engine_body, engine_path, usage_counts
 from scheduler.engines.client import EngineRequestError, EngineUnavailable
 from scheduler.fairqueue.aio import AsyncFairQueue
@@ -83,6 +84,7 @@ def engine_client(base_url: str) -> AsyncEngineClient:
     if client is None:
         client = clients[base_url] = AsyncEngineClient(
             base_url,
+            api_key=engine_api_key(base_url),
             connect_timeout_s=float(settings.GPUSHARE_ENGINE_HTTP_TIMEOUT_S),
             generate_timeout_s=float(settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S),
         )

@@ -34,6 +34,7 @@ from config.aio_redis import AsyncRedis
 from config.change_marks import cache_by_marks
 from config.errors import DomainError, Forbidden, NotFound
 from config.ttlcache import TtlCache
+from scheduler.engines.auth import engine_auth_headers
 from scheduler.fairqueue.aio import AsyncFairQueue
 from scheduler.fairqueue.domain import Job, JobRejected, JobState
 from scheduler.fairqueue.inbox import Inbox, parse_event
@@ -254,7 +255,10 @@ async def count_prompt_tokens(request: InferenceRequest, engine: Engine) -> int:
     then delayed everyone's admission, and the engine's CPU went to counting."""
     try:
         response = await _loop_state().http.post(
-            f"{engine.base_url}/tokenize", json=tokenize_request_body(request), timeout=5.0
+            f"{engine.base_url}/tokenize",
+            json=tokenize_request_body(request),
+            headers=engine_auth_headers(engine.base_url),
+            timeout=5.0,
         )
         if response.status_code == 200:
             return int(response.json()["count"])

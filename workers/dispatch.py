@@ -52,6 +52,7 @@ from config.change_marks import cache_by_marks
 from config.ttlcache import TtlCache
 from scheduler.batches import batch_line_finished
 from scheduler.engines.aio_client import AsyncEngineClient
+from scheduler.engines.auth import engine_api_key
 from scheduler.engines.supervisor import engine_check_unreachable
 from scheduler.fairqueue.aio import AsyncFairQueue
 from scheduler.fairqueue.domain import DispatchLoop, Job
@@ -286,6 +287,7 @@ class Dispatcher:
         if client is None:
             client = self._engine_clients[engine.base_url] = AsyncEngineClient(
                 engine.base_url,
+                api_key=engine_api_key(engine.base_url),
                 connect_timeout_s=float(settings.GPUSHARE_ENGINE_HTTP_TIMEOUT_S),
                 generate_timeout_s=float(settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S),
             )

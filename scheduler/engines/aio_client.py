@@ -26,7 +26,15 @@ KEEPALIVE_S = 3.0
 class AsyncEngineClient:
     """One engine's generation endpoints, for the event loop it was made on."""
 
-    def __init__(self, base_url: str, *, connect_timeout_s: float, generate_timeout_s: float):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout_s: float,
+        generate_timeout_s: float,
+        api_key: str | None = None,
+    ):
+        """`api_key`: the engine's (scheduler.engines.auth), sent on every call."""
         self.base_url = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=connect_timeout_s, sock_read=generate_timeout_s
@@ -38,6 +46,7 @@ class AsyncEngineClient:
             timeout=self._timeout,
             json_serialize=wire.dumps,
             skip_auto_headers=("User-Agent",),
+            headers={"Authorization": f"Bearer {api_key}"} if api_key else None,
         )
 
     async def close(self) -> None:

@@ -44,9 +44,11 @@ class EngineClient:
         self,
         base_url: str,
         *,
+        api_key: str | None = None,
         timeout_s: float = 10.0,
         generate_timeout_s: float = 300.0,
     ) -> None:
+        """`api_key`: the engine's (scheduler.engines.auth), sent on every call."""
         self.base_url = base_url.rstrip("/")
         # Short for control calls; generation may legitimately take minutes to finish, but
         # connecting must still be quick.
@@ -55,8 +57,11 @@ class EngineClient:
         self._generate_timeout = httpx.Timeout(generate_timeout_s, connect=timeout_s)
         # Engines speak plain HTTP (Engine.base_url); no TLS context, whose set-up (loading the
         # CA bundle) costs tens of ms of CPU for every client made.
-        self._http = httpx.Client(base_url=self.base_url, verify=False)
-        self._kept_alive = _KeptAliveHttp(self.base_url, timeout_s, generate_timeout_s)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(base_url=self.base_url, verify=False, headers=headers)
+        self._kept_alive = _KeptAliveHttp(
+            self.base_url, timeout_s, generate_timeout_s, api_key=api_key
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -115,6 +120,14 @@ class EngineClient:
 def raise_for_status(status_code: int, body: str, url: str) -> None:
     if status_code < 400:
         return
+    if status_code == 401:
+        # The engine does not take the platform's key (it was started under another
+        # SECRET_KEY, or by something else): no call can run there until it is restarted,
+        # and the tenant's request is not what it refused.
+        raise EngineUnavailable(
+            f"{url} refused the platform's key (401): restart the engine so that it gets "
+            "its key from this platform's SECRET_KEY"
+        )
     if status_code >= 500:
         raise EngineUnavailable(f"{url} answered {status_code}: {body[:500]}")
     raise EngineRequestError(
@@ -165,7 +178,14 @@ class _KeptAliveHttp:
     say where the body ends and whether the connection stays open are looked at, where
     http.client parses them all with email.parser. Engines speak plain HTTP/1.1 (uvicorn)."""
 
-    def __init__(self, base_url: str, connect_timeout_s: float, read_timeout_s: float) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+        *,
+        api_key: str | None = None,
+    ) -> None:
         parts = urlsplit(base_url)
         self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
         self._prefix = parts.path.rstrip("/")
@@ -175,6 +195,8 @@ class _KeptAliveHttp:
             host = f"{host}:{self._port}"
         # http.client's headers too: no Accept-Encoding would allow a compressed answer.
         self._headers = f"Host: {host}\r\nAccept-Encoding: identity\r\n"
+        if api_key:
+            self._headers += f"Authorization: Bearer {api_key}\r\n"
         self._local = threading.local()
         self._all: list[_Connection] = []
         self._lock = threading.Lock()

@@ -82,7 +82,11 @@ def cpu_kvcache_gib(footprint_units: int) -> int:
     return footprint_units // CPU_UNITS_PER_GIB
 
 
-def build_launch(launch: EngineLaunch, *, python: str, base_env: Mapping[str, str]) -> LaunchSpec:
+def build_launch(
+    launch: EngineLaunch, *, python: str, base_env: Mapping[str, str], api_key: str
+) -> LaunchSpec:
+    """The engine's command line and environment. `api_key` (scheduler.engines.auth) goes in
+    the environment, where only the engine's user can read it, not on the command line."""
     argv = [
         python,
         "-m",
@@ -103,7 +107,7 @@ def build_launch(launch: EngineLaunch, *, python: str, base_env: Mapping[str, st
         "--scheduling-policy",
         "priority",
     ]
-    env = {**engine_env(base_env), **OFFLINE_ENV}
+    env = {**engine_env(base_env), **OFFLINE_ENV, "VLLM_API_KEY": api_key}
     if launch.device_kind == "gpu":
         fraction = gpu_memory_utilization(
             footprint_units=launch.footprint_units,

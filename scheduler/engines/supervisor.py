@@ -25,6 +25,7 @@ from django.db import transaction
 
 from config.errors import DomainError
 from scheduler.engines import cpu_affinity, process
+from scheduler.engines.auth import engine_api_key
 from scheduler.engines.client import EngineClient, EngineError
 from scheduler.engines.launch import EngineLaunch, build_launch
 from scheduler.engines.vllm_env import VllmEnvMissing, find_vllm_python
@@ -77,7 +78,10 @@ def engine_log_path(engine: Engine) -> Path:
 def engine_client(engine: Engine, timeouts: Timeouts | None = None) -> EngineClient:
     timeouts = timeouts or Timeouts.from_settings()
     return EngineClient(
-        engine.base_url, timeout_s=timeouts.http_s, generate_timeout_s=timeouts.generate_s
+        engine.base_url,
+        api_key=engine_api_key(engine.base_url),
+        timeout_s=timeouts.http_s,
+        generate_timeout_s=timeouts.generate_s,
     )
 
 
@@ -229,6 +233,7 @@ def _launch(engine: Engine) -> int:
         ),
         python=str(python),
         base_env=os.environ,
+        api_key=engine_api_key(engine.base_url),
     )
     log_path = engine_log_path(engine)
     log_path.parent.mkdir(parents=True, exist_ok=True)

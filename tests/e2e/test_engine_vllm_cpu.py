@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -59,20 +60,29 @@ def test_the_engine_is_ready_with_the_kv_capacity_its_units_buy(platform_server,
     assert engine["kv"] * per_token == UNITS * 256 * 1024 * 1024
 
 
-def test_it_completes_chats_and_streams(engine):
+def test_it_completes_chats_and_streams_for_the_platform_only(platform_server, engine):
     url, served = engine["url"], engine["served"]
-    completion = httpx.post(
-        f"{url}/v1/completions",
-        json={"model": served, "prompt": "Hello", "max_tokens": 8, "ignore_eos": True},
-        timeout=60,
-    ).json()
-    assert completion["usage"]["completion_tokens"] == 8
+    key = platform_server.manage("engine", "key", ENGINE).strip()
+    platform = {"Authorization": f"Bearer {key}"}
+    body = {"model": served, "prompt": "Hello", "max_tokens": 8, "ignore_eos": True}
+    completion = httpx.post(f"{url}/v1/completions", json=body, headers=platform, timeout=60)
+    assert completion.json()["usage"]["completion_tokens"] == 8
     chat = httpx.post(
         f"{url}/v1/chat/completions",
         json={"model": served, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5},
+        headers=platform,
         timeout=60,
     ).json()
     assert chat["choices"][0]["message"]["role"] == "assistant"
+    # Anything else that reaches the engine's port: no key, a guessed one, a tenant's.
+    for headers in ({}, {"Authorization": "Bearer EMPTY"}, {"Authorization": f"Bearer {key}x"}):
+        refused = httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=60)
+        assert refused.status_code == 401
+    # The key is in the engine's environment, which only its user reads, not on its command
+    # line, which every local user does.
+    proc = Path("/proc", str(engine["pid"]))
+    assert key.encode() not in (proc / "cmdline").read_bytes()
+    assert f"VLLM_API_KEY={key}".encode() in (proc / "environ").read_bytes().split(b"\0")
 
 
 def test_its_metrics_show_its_kv_capacity_and_nothing_running(platform_server, engine):

@@ -47,11 +47,24 @@ class _Engine(BaseHTTPRequestHandler):
     ends_with_a_reason = False  # the last chunk has a finish reason, as a whole answer has
     health_status = 200
     metrics_status = 200
+    keys: list[str | None] = []  # each request's Authorization header
+    required_key: str | None = None  # what vLLM started with VLLM_API_KEY demands, else 401
+
+    def _refused(self) -> bool:
+        _Engine.keys.append(self.headers.get("Authorization"))
+        if _Engine.required_key is None or self.path == "/health":
+            return False
+        if self.headers.get("Authorization") == f"Bearer {_Engine.required_key}":
+            return False
+        self._answer(401, {"error": "Unauthorized"})
+        return True
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Engine.served.append(body)
         _Engine.peers.append(self.client_address[1])
+        if self._refused():
+            return
         if body.get("stream"):
             self._stream()
             return
@@ -68,6 +81,8 @@ class _Engine(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         _Engine.peers.append(self.client_address[1])
+        if self._refused():
+            return
         if self.path == "/health":
             self._answer(_Engine.health_status, {})
             return
@@ -151,6 +166,7 @@ def engine() -> Iterator[str]:
     _Engine.ends_with_a_reason, _Engine.peers = False, []
     _Engine.framing, _Engine.trickle = "length", False
     _Engine.health_status = _Engine.metrics_status = 200
+    _Engine.keys, _Engine.required_key = [], None
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -270,6 +286,46 @@ def test_an_answer_cut_short_is_unavailable_and_not_sent_again(engine):
         with pytest.raises(EngineUnavailable, match="completions: MalformedResponse"):
             client.completion({"model": "m", "max_tokens": 2})
     assert [body["max_tokens"] for body in _Engine.served] == [1, 2]
+
+
+def test_every_call_bears_the_engines_key_and_a_refused_key_is_an_engine_down(engine):
+    _Engine.required_key = "the-engines-key"
+    with EngineClient(engine, api_key="the-engines-key") as client:
+        assert client.health()
+        assert "num_requests_running" in client.metrics_text()
+        assert client.completion({"model": "m", "max_tokens": 1})["usage"]["completion_tokens"]
+    assert _Engine.keys == ["Bearer the-engines-key"] * 3
+    # An engine started under another SECRET_KEY: no request can run there, and it is not the
+    # tenant's request that it refused (a 4xx would be passed on to the client as its error).
+    with (
+        EngineClient(engine, api_key="another-key") as client,
+        pytest.raises(EngineUnavailable, match="refused the platform's key"),
+    ):
+        client.completion({"model": "m", "max_tokens": 1})
+
+
+def test_the_dispatchers_client_bears_the_key_on_whole_answers_and_streams(engine):
+    _Engine.required_key = "k1"
+
+    async def main(key: str) -> tuple[dict | None, list[bytes], Exception | None]:
+        client = AsyncEngineClient(engine, connect_timeout_s=2, generate_timeout_s=10, api_key=key)
+        try:
+            answer = await client.generate("/v1/completions", {"model": "m", "max_tokens": 5})
+            chunks = [c async for c in client.stream("/v1/completions", {"stream": True})]
+            return answer, chunks, None
+        except EngineUnavailable as exc:
+            return None, [], exc
+        finally:
+            await client.close()
+
+    answer, chunks, error = asyncio.run(main("k1"))
+    assert error is None
+    assert answer is not None
+    assert answer["usage"]["completion_tokens"] == 2
+    assert len(chunks) == 2
+    assert _Engine.keys == ["Bearer k1", "Bearer k1"]
+    *_, refused = asyncio.run(main("k2"))
+    assert "refused the platform's key" in str(refused)
 
 
 def test_an_engine_that_is_gone_is_unavailable():

@@ -48,7 +48,7 @@ def launch(**overrides: object) -> EngineLaunch:
 
 
 def test_a_cpu_engine_gets_its_units_as_kv_space_in_gib() -> None:
-    spec = build_launch(launch(), python="/venv/bin/python", base_env={"PATH": "/bin"})
+    spec = build_launch(launch(), python="/venv/bin/python", base_env={"PATH": "/bin"}, api_key="k")
     assert spec.argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert spec.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert spec.env["HF_HUB_OFFLINE"] == "1"
@@ -71,6 +71,7 @@ def test_a_gpu_engine_gets_its_units_as_a_fraction_of_its_card() -> None:
         launch(device_kind="gpu", device_index=3, footprint_units=80, device_memory_bytes=80 * GIB),
         python="python",
         base_env={},
+        api_key="k",
     )
     flag = spec.argv.index("--gpu-memory-utilization")
     assert spec.argv[flag + 1] == "0.25"
@@ -157,7 +158,16 @@ def test_an_engine_inherits_nothing_of_the_platforms_secrets() -> None:
         "DJANGO_SECRET_KEY": "s3cret", "GPUSHARE_METRICS_TOKEN": "t", "CELERY_BROKER_URL": "x",
         "AWS_SECRET_ACCESS_KEY": "k",
     }  # fmt: skip
-    spec = build_launch(launch(), python="/venv/bin/python", base_env=base_env)
+    spec = build_launch(launch(), python="/venv/bin/python", base_env=base_env, api_key="k")
     kept = {"PATH", "HOME", "LC_ALL", "HF_HOME", "VLLM_CPU_OMP_THREADS_BIND", "LD_PRELOAD"}
     assert {name: spec.env[name] for name in kept} == {name: base_env[name] for name in kept}
     assert (set(base_env) - kept) & set(spec.env) == set()
+
+
+def test_an_engine_gets_its_key_in_its_environment_never_on_its_command_line() -> None:
+    # The platform's own VLLM_API_KEY (an operator's, say) is not the engine's.
+    base_env = {"PATH": "/bin", "VLLM_API_KEY": "the-operators"}
+    spec = build_launch(launch(), python="python", base_env=base_env, api_key="engine-key")
+    assert spec.env["VLLM_API_KEY"] == "engine-key"
+    assert "--api-key" not in spec.argv
+    assert not any("engine-key" in arg for arg in spec.argv)

@@ -1,7 +1,9 @@
-"""`manage.py engine create|start|stop|status|list`: register and supervise vLLM engines.
+"""`manage.py engine create|start|stop|status|key`: register and supervise vLLM engines.
 
 `start` waits until the engine is ready (printing progress) and returns; the engine keeps
 running detached. `status` checks each engine's process and health, marking dead ones failed.
+`key` prints the key the engine accepts (scheduler.engines.auth), for a benchmark or an
+operator's check that calls the engine directly.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from config.errors import DomainError
+from scheduler.engines.auth import engine_api_key
 from scheduler.engines.supervisor import (
     engine_health_check,
     engine_log_path,
@@ -52,6 +55,8 @@ class Command(BaseCommand):
         )
         for action in ("start", "stop"):
             sub.add_parser(action).add_argument("name")
+        key = sub.add_parser("key", help="print the key the engine accepts (a secret)")
+        key.add_argument("name")
         status = sub.add_parser("status", help="check and show engines (all by default)")
         status.add_argument("name", nargs="?")
 
@@ -67,6 +72,8 @@ class Command(BaseCommand):
                 self._show(engine)
             elif action == "stop":
                 engine_stop(name=options["name"], on_progress=self.stdout.write)
+            elif action == "key":
+                self.stdout.write(engine_api_key(engine_get(name=options["name"]).base_url))
             else:
                 self._status(options["name"])
         except DomainError as exc:
