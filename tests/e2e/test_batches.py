@@ -101,12 +101,14 @@ def assert_each_line_once(client: openai.OpenAI, batch: Any, count: int) -> tupl
 def direct_engine_seconds(platform: Platform, content: bytes, concurrency: int = 16) -> float:
     """How long the same requests take sent straight to the engine, 16 at a time: the
     baseline for the batch's throughput, measured on the same (shared) machine."""
-    base_url = platform.shell(
+    base_url, key = platform.shell(
         "import json; from scheduler.models import Engine; "
-        "print(json.dumps(Engine.objects.get().base_url))"
+        "from scheduler.engines.auth import engine_api_key; url = Engine.objects.get().base_url; "
+        "print(json.dumps([url, engine_api_key(url)]))"
     )
     bodies = [json.loads(line)["body"] for line in content.splitlines()]
-    with httpx.Client(base_url=base_url, timeout=120) as http:
+    auth = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=base_url, headers=auth, timeout=120) as http:
         started = time.monotonic()
         with ThreadPoolExecutor(concurrency) as pool:
             codes = list(pool.map(lambda b: http.post("/v1/chat/completions", json=b), bodies))
