@@ -43,11 +43,14 @@ class _Connection:
         self.timeout_s = timeout_s  # as set on the socket: set again only when it changes
         self.reader = hiredis.Reader(encoding="utf-8") if decode else hiredis.Reader()
         self.pid = os.getpid()
+        # poll, not select: select() refuses a descriptor above 1024, which a web with a few
+        # hundred clients open reaches.
+        self.poller = select.poll()
+        self.poller.register(sock, select.POLLIN)
 
     def closed_by_peer(self) -> bool:
-        """Readable while idle: Redis closed it (or sent what nobody asked for)."""
-        readable, _, _ = select.select([self.sock], [], [], 0)
-        return bool(readable)
+        """Readable (or hung up) while idle: Redis closed it (or sent what nobody asked for)."""
+        return bool(self.poller.poll(0))
 
     def close(self) -> None:
         self.sock.close()

@@ -4,6 +4,7 @@ Redis closed them, and a command never sent twice."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -69,6 +70,24 @@ def test_error_replies_are_redis_py_s_classes_and_the_connection_stays_in_step(
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):  # queued, failed in EXEC
         raw.pipeline([("MULTI",), ("LPUSH", "text", "y"), ("EXEC",)])
     assert raw.call("GET", "text") == "x"
+
+
+def test_it_works_on_descriptors_above_1024(redis_db: redis.Redis) -> None:
+    # A web holding a few hundred clients opens its Redis connections on such descriptors.
+    raw = RawRedis.like(redis_db)
+    assert raw is not None
+    fillers = [os.open(os.devnull, os.O_RDONLY)]
+    while fillers[-1] <= 1024:  # every lower descriptor taken
+        fillers.append(os.dup(fillers[0]))
+    os.close(fillers.pop())  # the connection's, above 1024
+    try:
+        assert raw.call("PING") == "PONG"
+        assert raw._local.connection.sock.fileno() > 1024
+        assert raw.call("PING") == "PONG"  # the kept connection, checked before its use
+    finally:
+        raw.close()
+        for fd in fillers:
+            os.close(fd)
 
 
 def test_a_connection_redis_refused_to_authenticate_is_not_used(redis_db: redis.Redis) -> None:
