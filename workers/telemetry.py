@@ -499,6 +499,9 @@ def ledger_counters(client: redis.Redis | None = None) -> dict[tuple[str, ...], 
 # --- rejections: refused before a job exists ---------------------------------------------
 
 
+REJECTION_FIELDS = 6  # key hash, reason, status, class, endpoint, second
+
+
 def rejection_note(
     *,
     authorization: str,
@@ -517,6 +520,9 @@ def rejection_note(
     """
     parts = authorization.split()
     key_hash = hash_key(parts[1]) if len(parts) == 2 and status != 401 else ""
+    # The class comes from a client's header: only a known one is kept (a tab in it would
+    # add a field to the name), and the ledger gives the key's default class otherwise.
+    request_class = request_class if request_class in REQUEST_CLASSES else ""
     name = counter_field(key_hash, reason, status, request_class, endpoint, int(at))
     (client or redis_client()).hincrby(PENDING_REJECTIONS_KEY, name, 1)
 
@@ -539,10 +545,13 @@ def rejections_drain(client: redis.Redis | None = None) -> int:
             client.rename(PENDING_REJECTIONS_KEY, DRAINING_REJECTIONS_KEY)
         except redis.ResponseError:  # nothing pending any more
             return 0
-    noted = [
-        (name.split(SEP), int(count))
-        for name, count in _hash(client, DRAINING_REJECTIONS_KEY).items()
-    ]
+    noted: list[tuple[list[str], int]] = []
+    for field_name, value in _hash(client, DRAINING_REJECTIONS_KEY).items():
+        fields = field_name.split(SEP)
+        if len(fields) != REJECTION_FIELDS:  # never raise on it: every later drain would
+            log.warning("dropping a malformed rejection note: %r", field_name[:200])
+            continue
+        noted.append((fields, int(value)))
     hashes = {parts[0] for parts, _ in noted if parts[0]}
     keys = {
         k.hashed_key: k

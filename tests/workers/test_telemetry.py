@@ -27,6 +27,7 @@ from tenants.services import IssuedKey
 from workers import telemetry
 from workers.models import EngineSample, GpuSample, Resolution
 from workers.telemetry import (
+    PENDING_REJECTIONS_KEY,
     engine_live,
     gpu_live,
     ledger_counters,
@@ -362,6 +363,26 @@ def note(
         authorization=authorization, reason=reason, status=status,
         request_class=request_class, endpoint="chat", at=1_790_000_000.0, client=client,
     )  # fmt: skip
+
+
+def test_a_class_header_with_a_tab_or_a_malformed_note_never_stops_the_drain(
+    live: redis.Redis, owner_key: IssuedKey
+):
+    bearer = f"Bearer {owner_key.raw_key}"
+    note(live, bearer, "class_not_allowed", 403, request_class="inter\tactive")
+    live.hincrby(PENDING_REJECTIONS_KEY, "a\tb", 1)  # as an older version could note it
+    note(live, bearer, "rate_limit_exceeded", 429, request_class="interactive")
+    assert rejections_drain(live) == 2
+    assert rejections_drain(live) == 0
+    assert rejection_counts(live) == {
+        ("acme", "class_not_allowed", "403"): 1,
+        ("acme", "rate_limit_exceeded", "429"): 1,
+    }
+    rows = UsageRecord.objects.filter(tenant__slug="acme").order_by("status_code")
+    assert [(r.status_code, r.request_class) for r in rows] == [
+        (403, "standard"),  # the key's default class: the header named none
+        (429, "interactive"),
+    ]
 
 
 def test_rejections_are_counted_by_tenant_and_written_to_the_ledger(
