@@ -256,6 +256,14 @@ def bounded_prompt_tokens(request: InferenceRequest, max_model_len: int, limit: 
     return bound + BOUND_MARGIN_TOKENS
 
 
+def upper_token_estimate(request: InferenceRequest, max_model_len: int) -> int:
+    """At least the tokens (prompt and completion) the request can be admitted for, before
+    the engine has counted its prompt: the prompt's upper bound (`reserved_prompt_tokens`)
+    and what it asks for, never above the model's length, which no admitted request passes."""
+    asked = request.max_tokens if request.max_tokens is not None else max_model_len
+    return min(reserved_prompt_tokens(request) + asked, max_model_len)
+
+
 def reserved_prompt_tokens(request: InferenceRequest) -> int:
     """An upper bound on the prompt's tokens for work that is not counted by the engine (batch
     lines): the byte bound plus its margin for a plain request (see `bounded_prompt_tokens`);

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar
 
 import httpx
+import redis
 from django.conf import settings
 from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connection
@@ -45,6 +46,7 @@ from scheduler.inference import (
     bounded_prompt_tokens,
     prompt_token_bound,
     tokenize_request_body,
+    upper_token_estimate,
 )
 from scheduler.kvcost import kv_cost_bytes
 from scheduler.models import Engine
@@ -58,7 +60,7 @@ from scheduler.pools import (
     sync_tenant,
 )
 from tenants.auth import authenticate_bearer
-from tenants.limits import limits_admit_async
+from tenants.limits import Admission, limits_admit_async, limits_settle_async
 from tenants.models import ApiKey, Tenant
 from tenants.selectors import tenant_get
 from tenants.services import tenant_changes
@@ -282,22 +284,19 @@ def bounded_max_tokens(request: InferenceRequest, prompt_tokens: int, max_model_
     return request.max_tokens if request.max_tokens is not None else room
 
 
-async def _enqueue(prepared: _Prepared, prompt_tokens: int, received_at: float) -> Admitted:
-    """Counts the request against its tenant's limits and puts it in the fair queue."""
+async def _enqueue(
+    prepared: _Prepared,
+    prompt_tokens: int,
+    max_tokens: int,
+    admission: Admission,
+    received_at: float,
+) -> Admitted:
+    """Puts the request, counted against its tenant's limits, in the fair queue."""
     api_key, request, route = prepared.api_key, prepared.request, prepared.route
     engine, tenant = route.engine, api_key.tenant
-    max_tokens = bounded_max_tokens(request, prompt_tokens, engine.max_model_len)
     body = {**request.body, "max_tokens": max_tokens}
     body.pop("max_completion_tokens", None)
     state = _loop_state()
-    # Before the limits count the request: a policy not yet cached is written first.
-    await _here_or_in_thread(_sync_policy, api_key, state.queue.queue)
-    admission = await limits_admit_async(
-        tenant=tenant,
-        estimated_tokens=prompt_tokens + max_tokens,
-        client=state.redis,
-        in_thread=_in_thread,
-    )
     job_id = uuid.uuid4().hex
     payload = {
         "inbox": state.inbox.key,
@@ -417,10 +416,48 @@ async def admit(*, authorization: str, request: InferenceRequest, class_header: 
     it is made only then."""
     received_at = time.time()
     prepared = await _here_or_in_thread(_prepare, authorization, request, class_header)
-    prompt_tokens = known_prompt_tokens(request, prepared.route.engine)
+    engine, state = prepared.route.engine, _loop_state()
+    # Before the limits count the request: a policy not yet cached is written first.
+    await _here_or_in_thread(_sync_policy, prepared.api_key, state.queue.queue)
+    prompt_tokens = known_prompt_tokens(request, engine)
     if prompt_tokens is None:
-        prompt_tokens = await count_prompt_tokens(request, prepared.route.engine)
-    return await _enqueue(prepared, prompt_tokens, received_at)
+        # The engine counts this prompt: the limits count the request first, for an upper
+        # bound of its tokens (settled to the real ones when it ends), so that a tenant over
+        # its limits never makes the engine work.
+        admission = await _count(prepared, upper_token_estimate(request, engine.max_model_len))
+        try:
+            prompt_tokens = await count_prompt_tokens(request, engine)
+            max_tokens = bounded_max_tokens(request, prompt_tokens, engine.max_model_len)
+        except DomainError:
+            await _give_back(admission)
+            raise
+    else:
+        max_tokens = bounded_max_tokens(request, prompt_tokens, engine.max_model_len)
+        admission = await _count(prepared, prompt_tokens + max_tokens)
+    try:
+        return await _enqueue(prepared, prompt_tokens, max_tokens, admission, received_at)
+    except DomainError:  # nothing was queued: the request's tokens are given back
+        await _give_back(admission)
+        raise
+
+
+async def _count(prepared: _Prepared, estimated_tokens: int) -> Admission:
+    """Counts the request against its tenant's limits (RateLimited, BudgetExhausted)."""
+    return await limits_admit_async(
+        tenant=prepared.api_key.tenant,
+        estimated_tokens=estimated_tokens,
+        client=_loop_state().redis,
+        in_thread=_in_thread,
+    )
+
+
+async def _give_back(admission: Admission) -> None:
+    """The tokens of a request refused after it was counted: it used none. (It still counts
+    as a request against requests per minute.)"""
+    try:
+        await limits_settle_async(admission=admission, used_tokens=0, client=_loop_state().redis)
+    except redis.RedisError as exc:  # the refusal stands; the minute's count lapses alone
+        log.warning("could not give back a refused request's tokens: %s", exc)
 
 
 async def _here_or_in_thread(work: Callable[..., _T], *args: Any) -> _T:

@@ -249,14 +249,31 @@ def limits_settle(*, admission: Admission, used_tokens: int) -> None:
     did not use is given back, and what it used beyond the estimate (a prompt the engine
     counted longer than its bound) is charged too, so a tenant's tokens per minute and budget
     count the real tokens either way."""
+    settling = _settling(admission, used_tokens)
+    if settling is not None:
+        keys, refund = settling
+        _script(_REFUND)(keys=keys, args=[refund])
+
+
+async def limits_settle_async(
+    *, admission: Admission, used_tokens: int, client: AsyncRedis
+) -> None:
+    """`limits_settle` from an event loop, through `client`."""
+    settling = _settling(admission, used_tokens)
+    if settling is not None:
+        keys, refund = settling
+        await client.evalsha(_script(_REFUND).sha, _REFUND, len(keys), *keys, refund)
+
+
+def _settling(admission: Admission, used_tokens: int) -> tuple[list[str], int] | None:
+    """The counters to correct and by how much (given back when positive); None: nothing."""
     refund = admission.estimated_tokens - used_tokens
     if refund == 0 or not admission.counted:
-        return
+        return None
     if refund < 0:
         log.warning(
             "tenant %s used %d tokens, %d more than admitted; charged",
             admission.tenant_id, used_tokens, -refund,
         )  # fmt: skip
     token_key = f"{PREFIX}{admission.tenant_id}:tok:{admission.minute}"
-    keys = [token_key] + ([admission.budget_key] if admission.budget_key else [])
-    _script(_REFUND)(keys=keys, args=[refund])
+    return [token_key] + ([admission.budget_key] if admission.budget_key else []), refund

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ from scheduler import online
 from scheduler.inference import parse_inference_request
 from scheduler.models import Device, Engine, EngineStatus
 from scheduler.pools import fair_queue, sync_engine
-from tenants.limits import RateLimited
+from tenants.limits import PREFIX, RateLimited
 from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_update
 from tests.factories import TenantFactory
@@ -69,11 +71,50 @@ def hops(monkeypatch) -> list[str]:
     return seen
 
 
-def admit(bearer: str) -> online.Admitted:
+def admit(bearer: str, content: str = "hi") -> online.Admitted:
     request = parse_inference_request(
-        "chat", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+        "chat",
+        {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 8},
     )
     return asyncio.run(online.admit(authorization=bearer, request=request, class_header=""))
+
+
+class _Tokenizer(BaseHTTPRequestHandler):
+    """An engine's /tokenize: answers `count`, and keeps each call's body."""
+
+    calls: list[dict[str, Any]] = []
+    count = 40
+
+    def do_POST(self) -> None:
+        _Tokenizer.calls.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        data = json.dumps({"count": _Tokenizer.count, "max_model_len": 2048}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def tokenizer(bearer, settings) -> Iterator[type[_Tokenizer]]:
+    """The engine counts every prompt (none is short enough to be bounded), at this server."""
+    settings.GPUSHARE_COUNT_PROMPTS_ABOVE_TOKENS = 1
+    _Tokenizer.calls, _Tokenizer.count = [], 40
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Tokenizer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Engine.objects.filter(name="e1").update(port=server.server_address[1])
+    yield _Tokenizer
+    server.shutdown()
+    server.server_close()
+
+
+def tokens_counted(tenant: Tenant) -> int:
+    """The tokens the tenant's limits hold against it, over every minute's counter."""
+    client = fair_queue().redis
+    return sum(int(client.get(k) or 0) for k in client.keys(f"{PREFIX}{tenant.pk}:tok:*"))
 
 
 def queued_ids() -> list[str]:
@@ -126,6 +167,29 @@ def test_a_tenants_policy_that_ran_out_is_written_again_only_after_a_save(
     weight = queue.redis.hget(queue.keys.tenant("acme"), "weight")
     assert weight is not None
     assert float(weight) == 3.0
+
+
+def test_a_tenant_over_its_rate_limit_never_makes_the_engine_count_its_prompt(bearer, tokenizer):
+    tenant_update(tenant=Tenant.objects.get(slug="acme"), rpm_limit=1)
+    admitted = admit(bearer, "a prompt the engine counts")
+    assert admitted.job.prompt_tokens == 40  # the engine's count
+    for _ in range(3):
+        with pytest.raises(RateLimited):
+            admit(bearer, "a prompt the engine counts")
+    assert len(tokenizer.calls) == 1
+
+
+def test_a_request_refused_after_it_was_counted_gives_its_tokens_back(bearer, tokenizer):
+    tenant = tenant_update(tenant=Tenant.objects.get(slug="acme"), tpm_limit=100_000)
+    tokenizer.count = 4000  # over the engine's 2,048: refused once counted
+    with pytest.raises(online.ContextTooLong):
+        admit(bearer, "a prompt the engine counts")
+    assert len(tokenizer.calls) == 1
+    assert tokens_counted(tenant) == 0
+    tokenizer.count = 40
+    admitted = admit(bearer, "a prompt the engine counts")
+    # Counted for an upper bound before the engine counted it; settled when it ends.
+    assert tokens_counted(tenant) >= admitted.job.prompt_tokens + admitted.job.max_tokens
 
 
 def test_a_step_that_must_ask_the_database_again_goes_to_a_thread(bearer, hops):
