@@ -1,8 +1,9 @@
 """OpenAI-compatible inference requests: parsing and validation. Plain Python, no Django.
 
 The platform checks what it must decide on (model, class, token bounds, stream options) and
-what would otherwise reach the engine as nonsense; every other field passes through to vLLM
-unchanged (temperature, top_p, stop, seed, logit_bias, ...). Errors name the field, as
+what would otherwise reach the engine as nonsense; the other fields an endpoint allows
+(scheduler/request_fields.py) pass through to vLLM unchanged (temperature, top_p, stop, seed,
+logit_bias, ...), and any field it does not allow is refused. Errors name the field, as
 OpenAI's do (`param`), so a client sees what to fix.
 """
 
@@ -14,6 +15,7 @@ from typing import Any, Literal
 
 from config import wire
 from scheduler.request_classes import REQUEST_CLASSES
+from scheduler.request_fields import field_problem
 
 Endpoint = Literal["chat", "completions"]
 ENDPOINT_PATHS: dict[Endpoint, str] = {
@@ -59,6 +61,10 @@ def parse_inference_request(endpoint: Endpoint, body: Any) -> InferenceRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model.strip() or "\x00" in model:
         raise InvalidRequest("You must provide a model parameter.", param="model")
+    problem = field_problem(endpoint, body)
+    if problem is not None:
+        field, message = problem
+        raise InvalidRequest(message, param=field)
     if endpoint == "chat":
         _check_messages(body.get("messages"))
     else:

@@ -125,7 +125,6 @@ LONG = {"role": "user", "content": "x" * 2000}
     [
         (CHAT, "no max_tokens: the default fills the model's length, which needs the count"),
         ({**CHAT, "max_tokens": 16, "tools": [{"type": "function"}]}, "tools enter the prompt"),
-        ({**CHAT, "max_tokens": 16, "chat_template": "{{ x }}"}, "its own template"),
         ({"model": "m", "max_tokens": 16, "messages": [IMAGE]}, "not text"),
         ({**CHAT, "max_tokens": 2000}, "too close to the model's length to guess"),
         ({"model": "m", "max_tokens": 1, "messages": [LONG]}, "long: worth counting exactly"),
@@ -160,21 +159,23 @@ def test_zero_turns_the_stand_in_off():
     assert bounded({**CHAT, "max_tokens": 16}, limit=0) is None
 
 
-def test_a_chat_request_is_counted_by_its_messages_whatever_prompt_it_carries():
+def test_a_chat_request_is_counted_by_its_messages_and_carries_no_prompt():
     from types import SimpleNamespace
 
     from scheduler.online import known_prompt_tokens
 
     message = {"role": "user", "content": "x" * 700}
     honest = parse_inference_request("chat", {"model": "m", "max_tokens": 8, "messages": [message]})
-    stray = parse_inference_request(
-        "chat", {"model": "m", "max_tokens": 8, "messages": [message], "prompt": [0]}
-    )
     engine = SimpleNamespace(max_model_len=4096)
     counted = known_prompt_tokens(honest, engine)  # type: ignore[arg-type]
     assert counted is not None
     assert counted > 700
-    assert known_prompt_tokens(stray, engine) == counted  # type: ignore[arg-type]
+    # A stray prompt once made the request look 1 token long (the engine runs the messages).
+    with pytest.raises(InvalidRequest) as caught:
+        parse_inference_request(
+            "chat", {"model": "m", "max_tokens": 8, "messages": [message], "prompt": [0]}
+        )
+    assert caught.value.param == "prompt"
     ids = parse_inference_request("completions", {"model": "m", "max_tokens": 8, "prompt": [1, 2]})
     assert known_prompt_tokens(ids, engine) == 2  # type: ignore[arg-type]
 
@@ -194,3 +195,73 @@ def test_work_not_counted_by_the_engine_is_reserved_for_every_byte_that_can_ente
     tools = [{"type": "function", "function": {"name": "g", "description": "y" * 3000}}]
     with_tools = parse_inference_request("chat", {**CHAT, "max_tokens": 8, "tools": tools})
     assert reserved_prompt_tokens(with_tools) > 3000
+
+
+# --- the fields an endpoint allows (scheduler/request_fields.py) -----------------------------
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["prompt_logprobs", "kv_transfer_params", "vllm_xargs", "request_id", "logits_processors",
+     "mm_processor_kwargs", "media_io_kwargs", "chat_template", "chat_template_kwargs",
+     "structured_outputs", "guided_json", "truncate_prompt_tokens", "documents", "suffix"],
+)  # fmt: skip
+def test_fields_the_shared_engine_must_not_take_from_a_tenant_are_refused_by_name(field):
+    for endpoint, body in (("chat", CHAT), ("completions", {"model": "m", "prompt": "hi"})):
+        with pytest.raises(InvalidRequest) as caught:
+            parse_inference_request(endpoint, {**body, field: {"x": 1}})
+        assert caught.value.param == field
+        assert caught.value.message == f"Unrecognized request argument supplied: {field}"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "extra", "param"),
+    [
+        ("chat", {"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
+        ("chat", {"logprobs": 5}, "logprobs"),
+        ("completions", {"logprobs": 21}, "logprobs"),
+        ("completions", {"echo": True, "logprobs": 1}, "echo"),  # the prompt's logprobs
+        ("completions", {"best_of": 4}, "best_of"),
+        ("chat", {"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
+        ("chat", {"logit_bias": {"5": 101}}, "logit_bias"),
+        ("chat", {"logit_bias": {"word": 1}}, "logit_bias"),
+        ("chat", {"stop": "x" * 1001}, "stop"),
+        ("chat", {"stop_token_ids": list(range(65))}, "stop_token_ids"),
+        ("chat", {"tools": [{"type": "function"}] * 129}, "tools"),
+        ("chat", {"tool_choice": "always"}, "tool_choice"),
+        ("chat", {"response_format": {"type": "json_schema", "json_schema": {"d": "x" * 70_000}}},
+         "response_format"),
+        ("chat", {"response_format": {"type": "grammar", "grammar": "root ::= x"}},
+         "response_format"),
+        ("chat", {"repetition_penalty": 0}, "repetition_penalty"),
+        ("chat", {"min_p": 1.5}, "min_p"),
+        ("chat", {"top_k": 2.5}, "top_k"),
+        ("chat", {"ignore_eos": "yes"}, "ignore_eos"),
+        ("chat", {"user": "u" * 257}, "user"),
+        ("chat", {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+         "stream_options"),
+    ],
+)  # fmt: skip
+def test_allowed_fields_are_bounded(endpoint, extra, param):
+    body = CHAT if endpoint == "chat" else {"model": "m", "prompt": "hi"}
+    with pytest.raises(InvalidRequest) as caught:
+        parse_inference_request(endpoint, {**body, **extra})
+    assert caught.value.param == param
+
+
+def test_what_openai_clients_and_vllms_benchmark_send_is_allowed():
+    chat = {
+        **CHAT, "max_completion_tokens": 8, "stream": True, "stream_options": {"include_usage":
+        True}, "temperature": 0, "top_p": 1, "logprobs": True, "top_logprobs": 20,
+        "logit_bias": {"50256": -100}, "stop": ["\n"], "seed": 1, "user": "u",
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {}}},
+        "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
+        "parallel_tool_calls": False, "ignore_eos": True, "top_k": 5, "min_p": 0.1,
+        "repetition_penalty": 1.0, "min_tokens": 2, "presence_penalty": None,
+        "priority": 9, "cache_salt": "mine",  # replaced by the platform
+    }  # fmt: skip
+    assert parse_inference_request("chat", chat).body == chat
+    completion = {"model": "m", "prompt": "hi", "max_tokens": 8, "logprobs": None,
+                  "repetition_penalty": 1.0, "stream": True, "echo": False,
+                  "stream_options": {"include_usage": True}}  # fmt: skip
+    assert parse_inference_request("completions", completion).body == completion
