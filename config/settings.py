@@ -276,6 +276,10 @@ GPUSHARE_WEB_REDIS_CONNECTIONS = env_int("GPUSHARE_WEB_REDIS_CONNECTIONS", 100)
 # Prompts whose UTF-8 bound is at most this many tokens are not counted by the engine's
 # /tokenize: the bound (plus a margin) is reserved instead. 0 counts every prompt exactly.
 GPUSHARE_COUNT_PROMPTS_ABOVE_TOKENS = env_int("GPUSHARE_COUNT_PROMPTS_ABOVE_TOKENS", 1024)
+# The most online requests of one tenant that may wait in one pool's fair queue (0: no limit):
+# past it a request is refused with 429, so that one tenant's flood cannot fill Redis and the
+# web with waiting requests.
+GPUSHARE_TENANT_MAX_WAITING = env_int("GPUSHARE_TENANT_MAX_WAITING", 1024)
 GPUSHARE_HOUSEKEEPING_INTERVAL_S = env_float("GPUSHARE_HOUSEKEEPING_INTERVAL_S", 2.0)
 # Housekeeping's engine sync and the batch feeder read their rows only when a save changed
 # them (config/change_marks.py), and at least this often whatever happened.

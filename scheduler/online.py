@@ -60,7 +60,7 @@ from scheduler.pools import (
     sync_tenant,
 )
 from tenants.auth import authenticate_bearer
-from tenants.limits import Admission, limits_admit_async, limits_settle_async
+from tenants.limits import Admission, RateLimited, limits_admit_async, limits_settle_async
 from tenants.models import ApiKey, Tenant
 from tenants.selectors import tenant_get
 from tenants.services import tenant_changes
@@ -326,6 +326,7 @@ async def _enqueue(
         "payload": wire.dumps(payload),
         "job_id": job_id,
         "inbox": state.inbox.key,
+        "max_waiting": settings.GPUSHARE_TENANT_MAX_WAITING,
     }
     events = state.inbox.register(job_id)  # before the job can say anything
     # A task of its own, shielded: a client that leaves meanwhile does not cut the script's
@@ -401,6 +402,12 @@ def _rejection(exc: JobRejected) -> DomainError:
             f"This request needs more KV cache than any engine of the model has: "
             f"{exc.message}. Lower max_tokens.",
             param="max_tokens",
+        )
+    if exc.reason == "too_many_waiting":
+        return RateLimited(
+            f"Too many of this tenant's requests are waiting: {exc.message}. Retry when "
+            "some have finished.",
+            headers={"Retry-After": "1"},
         )
     return Unavailable(f"The request could not be queued: {exc.message}.")
 

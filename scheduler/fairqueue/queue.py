@@ -272,10 +272,12 @@ class FairQueue:
         payload: str = "",
         job_id: str | None = None,
         inbox: str = "",
+        max_waiting: int = 0,
     ) -> list[Any]:
         """The enqueue script's arguments (after `script_head`), checked. `inbox`: the list
         its waiter reads the events of all its jobs from (see `Keys.inbox`); '' = the job's
-        own event list."""
+        own event list. `max_waiting`: the job is refused (`too_many_waiting`) when that many
+        of its tenant's jobs already wait in the pool's queues; 0 = no limit."""
         if request_class not in REQUEST_CLASSES:
             raise JobRejected("unknown_class", f"unknown request class {request_class!r}")
         if min(prompt_tokens, max_tokens, kv_bytes) < 0:
@@ -286,6 +288,7 @@ class FairQueue:
         return [
             *(job_id, tenant, pool, request_class, prompt_tokens, max_tokens, kv_bytes),
             *(timeout, payload, str(self.config.loop_summon_s) if summon else "", inbox),
+            max_waiting,
         ]
 
     @staticmethod

@@ -192,6 +192,18 @@ def test_a_request_refused_after_it_was_counted_gives_its_tokens_back(bearer, to
     assert tokens_counted(tenant) >= admitted.job.prompt_tokens + admitted.job.max_tokens
 
 
+def test_a_tenant_with_too_many_requests_waiting_is_told_to_retry(bearer, settings):
+    settings.GPUSHARE_TENANT_MAX_WAITING = 2
+    tenant = tenant_update(tenant=Tenant.objects.get(slug="acme"), tpm_limit=100_000)
+    first, second = admit(bearer), admit(bearer)
+    with pytest.raises(RateLimited) as refused:
+        admit(bearer)
+    assert "waiting" in refused.value.message
+    assert refused.value.headers == {"Retry-After": "1"}
+    assert queued_ids() == [first.job.job_id, second.job.job_id]
+    assert tokens_counted(tenant) == 2 * (first.job.prompt_tokens + first.job.max_tokens)
+
+
 def test_a_step_that_must_ask_the_database_again_goes_to_a_thread(bearer, hops):
     admit(bearer)
     online._routes.clear()  # the route ran out: read again from the engines' rows

@@ -184,3 +184,26 @@ def test_an_engine_of_another_pool_cannot_pick_here(fq: FairQueue) -> None:
     fq.set_engine_policy(EnginePolicy("e2", "other", UNIT, 4))
     with pytest.raises(Exception, match="serves pool other"):
         fq.pick("p", "e2", now=1)
+
+
+def test_a_tenant_may_have_only_so_many_jobs_waiting_and_others_are_not_held_back(
+    fq: FairQueue,
+) -> None:
+    for tenant in ("a", "b"):
+        fq.set_tenant_policy(tenant, TenantPolicy(1, 100 * UNIT))
+    fq.set_engine_policy(engine(kv_units=8))
+
+    def waiting(tenant: str, request_class: str = "standard") -> Job:
+        return fq.enqueue_summoning(
+            tenant=tenant, pool="p", request_class=request_class, prompt_tokens=10,
+            max_tokens=10, kv_bytes=UNIT, max_waiting=3,
+        )[0]  # fmt: skip
+
+    waiting("a"), waiting("a", "interactive"), waiting("a", "offline")  # every class counts
+    with pytest.raises(JobRejected) as refused:
+        waiting("a")
+    assert refused.value.reason == "too_many_waiting"
+    assert waiting("b").tenant == "b"  # another tenant's jobs are its own count
+    assert fq.pick("p", "e1") is not None  # one of a's leaves the queue for the engine
+    assert waiting("a").tenant == "a"
+    assert submit(fq, "a", 1).tenant == "a"  # work queued without a limit (batch lines)

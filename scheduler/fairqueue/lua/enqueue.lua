@@ -1,7 +1,8 @@
 -- Enqueue one job at the tail of its tenant's queue, or reject what can never run.
 -- ARGV[4..]: job_id, tenant, pool, class, prompt_tokens, max_tokens, kv_bytes, queue timeout
 -- (seconds), payload, summon_s ('' = leave dispatch loops alone; else see summon_loop),
--- inbox ('' = none: the job's events go to its own list; see emit_raw).
+-- inbox ('' = none: the job's events go to its own list; see emit_raw), max_waiting (the most
+-- jobs of the tenant that may wait in the pool's queues, its classes together; 0 = no limit).
 -- Returns {'ok', enqueued_at, deadline, '' or what summon_loop said} or
 -- {'rejected', reason, detail}.
 local job_id, tenant, pool, cls = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
@@ -33,6 +34,15 @@ local ceiling = num(policy[1]) + num(policy[2])
 if kv_bytes > ceiling then
   return {'rejected', 'larger_than_quota', string.format(
     'needs %d KV bytes; tenant %s may hold at most %d (quota + burst)', kv_bytes, tenant, ceiling)}
+end
+local max_waiting = tonumber(ARGV[15] or '0') or 0
+if max_waiting > 0 then
+  local waiting = 0
+  for _, c in ipairs(CLASSES) do waiting = waiting + redis.call('LLEN', k_queue(pool, c, tenant)) end
+  if waiting >= max_waiting then
+    return {'rejected', 'too_many_waiting', string.format(
+      '%d requests of tenant %s wait for pool %s, the most that may', waiting, tenant, pool)}
+  end
 end
 
 redis.call('HSET', k_job(job_id), 'tenant', tenant, 'pool', pool, 'cls', cls,
