@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from scheduler.inference import (
     BOUND_MARGIN_TOKENS,
+    Endpoint,
     InvalidRequest,
     bounded_prompt_tokens,
     parse_inference_request,
@@ -207,7 +208,11 @@ def test_work_not_counted_by_the_engine_is_reserved_for_every_byte_that_can_ente
      "structured_outputs", "guided_json", "truncate_prompt_tokens", "documents", "suffix"],
 )  # fmt: skip
 def test_fields_the_shared_engine_must_not_take_from_a_tenant_are_refused_by_name(field):
-    for endpoint, body in (("chat", CHAT), ("completions", {"model": "m", "prompt": "hi"})):
+    bodies: list[tuple[Endpoint, dict]] = [
+        ("chat", CHAT),
+        ("completions", {"model": "m", "prompt": "hi"}),
+    ]
+    for endpoint, body in bodies:
         with pytest.raises(InvalidRequest) as caught:
             parse_inference_request(endpoint, {**body, field: {"x": 1}})
         assert caught.value.param == field
