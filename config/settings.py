@@ -9,6 +9,7 @@ import dj_database_url
 import django_stubs_ext
 
 from config.env import env_bool, env_float, env_int, env_list, env_str
+from config.secret_key import secret_key
 from config.sqlite import sqlite_options
 
 # Lets generic admin/serializer classes be subscripted at run time, as the type hints do.
@@ -17,8 +18,8 @@ django_stubs_ext.monkeypatch()
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GPUSHARE_VAR_DIR", str(BASE_DIR / "var")))
 
-# A development key so a fresh checkout starts; production must set DJANGO_SECRET_KEY.
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me")
+# DJANGO_SECRET_KEY, else a random key made once on this machine (config/secret_key.py).
+SECRET_KEY = secret_key(env_str("DJANGO_SECRET_KEY", ""), VAR_DIR / "secret_key")
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
