@@ -12,6 +12,7 @@ Every metric is named `gpushare_...` and listed in METRICS; the alert rules in
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 import time
 from collections.abc import Iterator
@@ -325,12 +326,28 @@ def metrics_text() -> bytes:
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
+    """The metrics name every tenant, its quota and its use: with GPUSHARE_METRICS_TOKEN set,
+    for whoever bears it; without, for this machine only (`make run`'s Prometheus, a curl on
+    the host), never for a client of another address."""
     token = settings.GPUSHARE_METRICS_TOKEN
     if token:
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), token.encode()):
             return HttpResponse("Unauthorized\n", status=401, content_type="text/plain")
+    elif not _from_this_machine(request):
+        return HttpResponse(
+            "Forbidden: set GPUSHARE_METRICS_TOKEN to scrape /metrics from another machine\n",
+            status=403,
+            content_type="text/plain",
+        )
     return HttpResponse(metrics_text(), content_type=CONTENT_TYPE_LATEST)
+
+
+def _from_this_machine(request: HttpRequest) -> bool:
+    try:
+        return ipaddress.ip_address(request.META.get("REMOTE_ADDR") or "").is_loopback
+    except ValueError:  # no address (a unix socket) or not one
+        return False
 
 
 async def rejection_hook(

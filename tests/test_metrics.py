@@ -173,6 +173,15 @@ def test_refused_openai_requests_are_counted_by_tenant_reason_and_status(
     assert (rejected.outcome, rejected.status_code, rejected.endpoint) == ("rejected", 404, "chat")
 
 
+def test_without_a_token_only_this_machine_may_read_the_metrics(redis_db, settings):
+    settings.GPUSHARE_METRICS_TOKEN = ""
+    assert Client(REMOTE_ADDR="127.0.0.1").get("/metrics").status_code == 200
+    assert Client(REMOTE_ADDR="::1").get("/metrics").status_code == 200
+    refused = Client(REMOTE_ADDR="10.1.2.3").get("/metrics")
+    assert refused.status_code == 403
+    assert b"GPUSHARE_METRICS_TOKEN" in refused.content
+
+
 def test_a_metrics_token_when_set_is_required(redis_db, settings):
     settings.GPUSHARE_METRICS_TOKEN = "scrape-me"
     assert Client().get("/metrics").status_code == 401
