@@ -10,11 +10,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 django_application = get_asgi_application()  # sets Django up: import apps' modules after it
 
-from scheduler.openai_api import INFERENCE_PATHS, inference_app  # noqa: E402
+from scheduler.openai_api import INFERENCE_PATHS, inference_app, tenant_key_gate  # noqa: E402
 
 
 # Any: Django's handler and ASGI servers each type the three a little differently.
 async def application(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] == "http" and not await tenant_key_gate(scope, send):
+        return  # refused before its body was read
     if scope["type"] == "http" and scope["path"] in INFERENCE_PATHS:
         await inference_app(scope, receive, send)
     else:

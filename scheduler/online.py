@@ -448,6 +448,12 @@ async def admit(*, authorization: str, request: InferenceRequest, class_header: 
         raise
 
 
+async def authenticate(authorization: str) -> ApiKey:
+    """The live key of the header (InvalidApiKey otherwise): from the cache on the loop, in a
+    thread when the database must be asked."""
+    return await _here_or_in_thread(authenticate_bearer, authorization)
+
+
 async def _count(prepared: _Prepared, estimated_tokens: int) -> Admission:
     """Counts the request against its tenant's limits (RateLimited, BudgetExhausted)."""
     return await limits_admit_async(

@@ -92,6 +92,36 @@ def error_reply(exc: DomainError) -> Reply:
 # --- the ASGI side ------------------------------------------------------------------------
 
 
+# Tenant requests that carry a body: their key is checked before a byte of it is read.
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+
+async def tenant_key_gate(scope: Scope, send: Send) -> bool:
+    """Whether a request to the tenant API (/v1/) may go on to read its body: an unknown,
+    revoked or missing key is answered 401 first, so that nobody without a key makes the
+    web read (or Django spool) a body of up to the size limit."""
+    if scope["method"] not in BODY_METHODS or not scope["path"].startswith("/v1/"):
+        return True
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    authorization = headers.get("authorization", "")
+    try:
+        await online.authenticate(authorization)
+        return True
+    except DomainError as exc:
+        endpoint = INFERENCE_PATHS.get(scope["path"])
+        if endpoint is not None:  # counted as the endpoint's refusals are
+            await rejection_hook(
+                authorization=authorization,
+                request_class=headers.get("x-request-class", "").strip().lower(),
+                endpoint=endpoint,
+                exc=exc,
+            )
+        await _send_reply(send, error_reply(exc))
+    except DEPENDENCY_ERRORS as exc:
+        await _send_reply(send, error_reply(dependency_down(exc)))
+    return False
+
+
 async def inference_app(scope: Scope, receive: Receive, send: Send) -> None:
     """POST /v1/chat/completions and /v1/completions. A client that goes away cancels its
     request: its job leaves the queue, or its engine stops generating for nobody."""

@@ -30,9 +30,19 @@ def test_only_post_is_allowed(path):
     assert error_of(response)["code"] == "method_not_allowed"
 
 
-def test_a_body_over_the_limit_is_refused_before_it_is_read_whole(settings):
+@pytest.fixture
+def auth(transactional_db) -> dict[str, str]:
+    """A live tenant key's header (the key is looked up in a thread: its row is committed)."""
+    from tenants.services import api_key_create
+    from tests.factories import TenantFactory
+
+    key = api_key_create(tenant=TenantFactory.create(slug="acme"), name="k").raw_key
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read_whole(settings, auth):
     settings.GPUSHARE_MAX_BODY_BYTES = 1000
-    declared = asgi_request("POST", CHAT, content=b"x" * 1001)
+    declared = asgi_request("POST", CHAT, content=b"x" * 1001, headers=auth)
     assert declared.status_code == 413
     assert error_of(declared)["code"] == "request_too_large"
 
@@ -40,16 +50,33 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read_whole(settings):
         for _ in range(5):
             yield b"y" * 300
 
-    streamed = asgi_request("POST", CHAT, content=chunks())
+    streamed = asgi_request("POST", CHAT, content=chunks(), headers=auth)
     assert streamed.status_code == 413
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/completions", "/v1/files", "/v1/batches"])
+@pytest.mark.parametrize("authorization", [None, "Bearer gs-nobody", "Basic eDp5"])
+def test_no_body_is_read_before_the_key_is_known(transactional_db, path, authorization):
+    pulled: list[int] = []
+
+    async def chunks():  # 64 MiB an anonymous client would push before its 401
+        for _ in range(64):
+            pulled.append(1)
+            yield b"z" * (1 << 20)
+
+    headers = {"Authorization": authorization} if authorization else {}
+    response = asgi_request("POST", path, content=chunks(), headers=headers)
+    assert response.status_code == 401
+    assert error_of(response)["type"] == "authentication_error"
+    assert len(pulled) <= 1  # at most what the client library sent before any answer
 
 
 @pytest.mark.parametrize(
     ("body", "param"),
     [(b"{not json", None), (b'{"model": "m"}', "messages"), (b"\xff\xfe", None)],
 )
-def test_malformed_requests_are_400_with_the_field_named(body, param):
-    response = asgi_request("POST", CHAT, content=body)
+def test_malformed_requests_are_400_with_the_field_named(body, param, auth):
+    response = asgi_request("POST", CHAT, content=body, headers=auth)
     assert response.status_code == 400
     assert error_of(response)["param"] == param
 
@@ -79,7 +106,7 @@ def test_the_web_s_redis_connections_are_as_many_as_the_setting_says(settings):
     assert asyncio.run(pool_size()) == 1234
 
 
-def test_a_client_that_leaves_while_sending_its_body_gets_nothing_and_queues_nothing():
+def test_a_client_that_leaves_while_sending_its_body_gets_nothing_and_queues_nothing(auth):
     from config.asgi import application
 
     messages: list[dict] = [
@@ -94,7 +121,8 @@ def test_a_client_that_leaves_while_sending_its_body_gets_nothing_and_queues_not
     async def send(message: dict) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": []}
+    key = auth["Authorization"].encode()
+    scope = {"type": "http", "method": "POST", "path": CHAT, "headers": [(b"authorization", key)]}
     asyncio.run(application(scope, receive, send))
     assert sent == []
 
@@ -337,11 +365,11 @@ def test_a_job_past_its_queue_deadline_that_runs_is_followed_as_running(redis_db
 
 
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "1e999", str(2**64), str(-(2**63) - 1)])
-def test_a_number_no_engine_takes_is_400_before_the_key_is_read(number):
+def test_a_number_no_engine_takes_is_400(number, auth):
     # Python's json reads these; passed on, NaN would have reached the engine as null
     # (orjson writes it so) and 2**64 as a float (config/wire.py).
     content = f'{{"model": "m", "messages": [], "temperature": {number}}}'.encode()
-    response = asgi_request("POST", CHAT, content=content)
+    response = asgi_request("POST", CHAT, content=content, headers=auth)
     assert response.status_code == 400
     assert "not valid JSON" in error_of(response)["message"]
 
