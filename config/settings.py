@@ -21,6 +21,15 @@ VAR_DIR = Path(env_str("GPUSHARE_VAR_DIR", str(BASE_DIR / "var")))
 # DJANGO_SECRET_KEY, else a random key made once on this machine (config/secret_key.py).
 SECRET_KEY = secret_key(env_str("DJANGO_SECRET_KEY", ""), VAR_DIR / "secret_key")
 DEBUG = env_bool("DJANGO_DEBUG", False)
+# Served over HTTPS (TLS ended by a proxy that sets X-Forwarded-Proto): cookies only over
+# HTTPS, HSTS, plain HTTP redirected. The probes and Prometheus call the pods over plain
+# HTTP, so /healthz, /readyz and /metrics are not redirected.
+HTTPS = env_bool("DJANGO_HTTPS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_SSL_REDIRECT = HTTPS
+SECURE_HSTS_SECONDS = 365 * 24 * 3600 if HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_PRELOAD = HTTPS
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if HTTPS else None
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 

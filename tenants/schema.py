@@ -1,0 +1,29 @@
+"""How the API schema (drf-spectacular) describes the platform's two kinds of credentials:
+tenant API keys (`Authorization: Bearer gs-...`) and staff tokens (`Token ...` or
+`Bearer ...`). Registered when imported (tenants.apps)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.plumbing import build_bearer_security_scheme_object
+
+
+class _BearerScheme(OpenApiAuthenticationExtension):
+    def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
+        scheme: dict[str, Any] = build_bearer_security_scheme_object(
+            header_name="Authorization", token_prefix="Bearer"
+        )
+        return scheme
+
+
+class TenantKeyScheme(_BearerScheme):
+    target_class = "tenants.auth.ApiKeyAuthentication"
+    name = "tenantKey"
+
+
+class StaffBearerTokenScheme(_BearerScheme):
+    # A subclass of DRF's TokenAuthentication, which drf-spectacular names tokenAuth too.
+    target_class = "config.authentication.StaffBearerTokenAuthentication"
+    name = "staffBearerToken"
