@@ -197,6 +197,10 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Tenants and keys -------------------------------------------------------------------
+# The request classes a new tenant may send unless the operator says otherwise. interactive
+# (weight 8 of 12) takes the others' share, so it is granted, not given; offline runs only
+# on capacity nobody else uses.
+GPUSHARE_DEFAULT_CLASSES = env_list("GPUSHARE_DEFAULT_CLASSES", ["standard", "offline"])
 # Prefix of every tenant API key, so people and secret scanners can spot one.
 GPUSHARE_API_KEY_PREFIX = "gs-"
 # A key's last_used_at is written at most this often, to keep the request path read-only.

@@ -11,6 +11,7 @@ import re
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.urls import reverse_lazy
 
@@ -105,7 +106,7 @@ class TenantCreateForm(TenantForm):
             "weight": 1.0,
             "quota_units": 0,
             "burst_units": 0,
-            "allowed_classes": list(REQUEST_CLASSES),
+            "allowed_classes": list(settings.GPUSHARE_DEFAULT_CLASSES),
             "budget_period": BudgetPeriod.MONTH,
         }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
@@ -11,7 +12,9 @@ from scheduler.units import format_units
 
 
 def _all_classes() -> list[str]:
-    return list(REQUEST_CLASSES)
+    """The default of the field: the operator's default classes (GPUSHARE_DEFAULT_CLASSES).
+    (Named as when it was every class: migrations refer to it by name.)"""
+    return list(settings.GPUSHARE_DEFAULT_CLASSES)
 
 
 def _no_models() -> list[str]:

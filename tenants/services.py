@@ -15,7 +15,7 @@ from django.utils import timezone
 from config.change_marks import ChangeMark, cache_by_marks
 from config.errors import Conflict, InvalidApiKey
 from config.ttlcache import TtlCache
-from scheduler.request_classes import REQUEST_CLASSES, RequestClass
+from scheduler.request_classes import RequestClass
 from tenants.keys import hash_key, new_key_material
 from tenants.models import ApiKey, Tenant
 
@@ -68,7 +68,9 @@ def tenant_create(
         weight=weight,
         quota_units=quota_units,
         burst_units=burst_units,
-        allowed_classes=list(REQUEST_CLASSES) if allowed_classes is None else allowed_classes,
+        allowed_classes=(
+            list(settings.GPUSHARE_DEFAULT_CLASSES) if allowed_classes is None else allowed_classes
+        ),
         allowed_models=allowed_models or [],
         rpm_limit=rpm_limit,
         tpm_limit=tpm_limit,

@@ -1,5 +1,6 @@
 import factory
 
+from scheduler.request_classes import REQUEST_CLASSES
 from tenants.models import Tenant
 
 
@@ -13,3 +14,5 @@ class TenantFactory(factory.django.DjangoModelFactory[Tenant]):
     weight = 1.0
     quota_units = 8
     burst_units = 0
+    # Every class, where the platform's default grants fewer (GPUSHARE_DEFAULT_CLASSES).
+    allowed_classes = factory.LazyFunction(lambda: list(REQUEST_CLASSES))

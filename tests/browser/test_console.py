@@ -57,6 +57,7 @@ def test_a_new_tenant_gets_a_key_shown_once_that_works_until_revoked(
     page.fill("#id_slug", "initech")
     page.fill("#id_name", "Initech")
     page.fill("#id_quota_units", "12")
+    page.check("input[name=allowed_classes][value=interactive]")  # granted, not a default
     page.click("button:has-text('Create tenant')")
     expect(page.locator("h1")).to_contain_text("Initech")
     expect(page.locator(".facts")).to_contain_text("12 units = 3.0 GiB")

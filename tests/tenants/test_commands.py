@@ -86,7 +86,17 @@ def test_tenant_update_changes_only_what_was_given():
 
 
 def test_key_create_list_and_revoke():
-    run("tenant", "create", "acme", "--quota-units", "8", "--no-key")
+    run(
+        "tenant",
+        "create",
+        "acme",
+        "--quota-units",
+        "8",
+        "--classes",
+        "interactive",
+        "standard",
+        "--no-key",
+    )
     created = json.loads(
         run("key", "create", "acme", "--name", "ci", "--class", "interactive", "--json")
     )

@@ -10,12 +10,17 @@ from tenants.models import ApiKey, Tenant
 pytestmark = pytest.mark.django_db
 
 
-def test_it_creates_a_tenant_with_all_classes_by_default():
+def test_a_new_tenant_gets_the_operators_default_classes_and_never_interactive_unasked(settings):
     tenant = services.tenant_create(slug="acme", quota_units=8, burst_units=4, weight=2)
     assert tenant.name == "acme"
-    assert tenant.allowed_classes == ["interactive", "standard", "offline"]
+    assert tenant.allowed_classes == ["standard", "offline"]
     assert tenant.allowed_models == []
     assert tenant.quota_display == "8 units = 2.0 GiB"
+    granted = services.tenant_create(slug="initech", allowed_classes=["interactive", "standard"])
+    assert granted.allowed_classes == ["interactive", "standard"]
+    settings.GPUSHARE_DEFAULT_CLASSES = ["standard"]
+    assert services.tenant_create(slug="globex").allowed_classes == ["standard"]
+    assert Tenant(slug="hooli").allowed_classes == ["standard"]  # the admin's and the API's
 
 
 @pytest.mark.parametrize(

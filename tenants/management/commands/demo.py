@@ -18,6 +18,7 @@ from rest_framework.authtoken.models import Token
 
 from config.env import env_str
 from config.errors import InvalidApiKey
+from scheduler.request_classes import REQUEST_CLASSES
 from tenants import services
 from tenants.models import Tenant
 
@@ -84,8 +85,9 @@ class Command(BaseCommand):
         tenant = Tenant.objects.filter(slug=DEMO_TENANT).first()
         if tenant is None:
             tenant = services.tenant_create(
-                slug=DEMO_TENANT, name="Demo tenant", weight=1.0, quota_units=4, burst_units=4
-            )
+                slug=DEMO_TENANT, name="Demo tenant", weight=1.0, quota_units=4, burst_units=4,
+                allowed_classes=list(REQUEST_CLASSES),  # the demo shows every class
+            )  # fmt: skip
         return tenant
 
     def _ensure_key(self, tenant: Tenant, raw_key: str | None) -> str:
