@@ -37,7 +37,7 @@ from config import wire
 from config.change_marks import ChangeMark
 from config.errors import DomainError, Forbidden, NotFound
 from config.redis import redis_client
-from scheduler.fairqueue.domain import JobRejected, JobState
+from scheduler.fairqueue.domain import JobRejected, JobState, payload_summary
 from scheduler.fairqueue.queue import FairQueue
 from scheduler.files import file_create, file_get, file_path
 from scheduler.inference import (
@@ -666,6 +666,7 @@ class _Feeder:
                 block_size=route.engine.block_size,
             ),
             "payload": wire.dumps(payload),
+            "summary": payload_summary(payload),
         }
         try:
             self._enqueue(job_fields, route)

@@ -37,7 +37,7 @@ from config.errors import DomainError, Forbidden, NotFound
 from config.ttlcache import TtlCache
 from scheduler.engines.auth import engine_auth_headers
 from scheduler.fairqueue.aio import AsyncFairQueue
-from scheduler.fairqueue.domain import Job, JobRejected, JobState
+from scheduler.fairqueue.domain import Job, JobRejected, JobState, payload_summary
 from scheduler.fairqueue.inbox import Inbox, parse_event
 from scheduler.fairqueue.queue import FairQueue
 from scheduler.granted import GrantedStream
@@ -327,6 +327,7 @@ async def _enqueue(
         "job_id": job_id,
         "inbox": state.inbox.key,
         "max_waiting": settings.GPUSHARE_TENANT_MAX_WAITING,
+        "summary": payload_summary(payload),
     }
     events = state.inbox.register(job_id)  # before the job can say anything
     # A task of its own, shielded: a client that leaves meanwhile does not cut the script's

@@ -1,5 +1,6 @@
 """The fair queue's records: jobs, policies, configuration, reports. Plain Python."""
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -214,3 +215,10 @@ class Snapshot:
     tenant_reserved_bytes: dict[str, int]
     engine_reserved_bytes: dict[str, int]
     engine_inflight: dict[str, int]
+
+
+def payload_summary(payload: Mapping[str, Any]) -> str:
+    """What a job keeps of its payload once it is over (JSON): everything but the request's
+    `body`, which can be megabytes and is no one's business after the run; the ledger's fields
+    (tenant, key, model, endpoint, batch, when it came) stay for the rows written later."""
+    return json.dumps({name: value for name, value in payload.items() if name != "body"})

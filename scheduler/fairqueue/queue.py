@@ -236,6 +236,7 @@ class FairQueue:
         payload: str = "",
         job_id: str | None = None,
         now: float | None = None,
+        summary: str = "",
     ) -> Job:
         """Queues a job at the tail of its tenant's queue; raises JobRejected when it can
         never run (larger than every engine of the pool or than the tenant's quota + burst,
@@ -243,7 +244,7 @@ class FairQueue:
         job, _ = self._enqueue(
             summon=False, tenant=tenant, pool=pool, request_class=request_class,
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, kv_bytes=kv_bytes,
-            payload=payload, job_id=job_id, now=now,
+            payload=payload, job_id=job_id, now=now, summary=summary,
         )  # fmt: skip
         return job
 
@@ -273,11 +274,13 @@ class FairQueue:
         job_id: str | None = None,
         inbox: str = "",
         max_waiting: int = 0,
+        summary: str = "",
     ) -> list[Any]:
         """The enqueue script's arguments (after `script_head`), checked. `inbox`: the list
         its waiter reads the events of all its jobs from (see `Keys.inbox`); '' = the job's
         own event list. `max_waiting`: the job is refused (`too_many_waiting`) when that many
-        of its tenant's jobs already wait in the pool's queues; 0 = no limit."""
+        of its tenant's jobs already wait in the pool's queues; 0 = no limit. `summary`: what
+        the job keeps in place of its payload once it is over (`payload_summary`); '' = all."""
         if request_class not in REQUEST_CLASSES:
             raise JobRejected("unknown_class", f"unknown request class {request_class!r}")
         if min(prompt_tokens, max_tokens, kv_bytes) < 0:
@@ -289,6 +292,7 @@ class FairQueue:
             *(job_id, tenant, pool, request_class, prompt_tokens, max_tokens, kv_bytes),
             *(timeout, payload, str(self.config.loop_summon_s) if summon else "", inbox),
             max_waiting,
+            summary,
         ]
 
     @staticmethod

@@ -1,9 +1,12 @@
 """A job's life: timeouts, leases and the reaper, release, cancel, requeue, the waiter's
 events, and the invariant check."""
 
+import json
+
 import redis
 
 from scheduler.fairqueue import EnginePolicy, FairQueue, FairQueueConfig, Job, TenantPolicy
+from scheduler.fairqueue.domain import payload_summary
 from scheduler.fairqueue.keys import Keys
 
 UNIT = 256 * 1024 * 1024
@@ -310,3 +313,28 @@ def test_job_state_reads_state_and_attempt_only(fq: FairQueue) -> None:
     running = pick(fq, now=1)
     assert fq.job_state(job.job_id) == ("running", running.attempt)
     assert fq.job_state("no-such-job") is None
+
+
+def test_a_job_that_is_over_keeps_its_summary_not_its_request_body(fq: FairQueue) -> None:
+    setup_pool(fq)
+    payload = {"tenant_id": 7, "model": "m", "body": {"messages": "x" * 1_000_000}}
+    summary = payload_summary(payload)
+
+    def job(request_class: str = "standard") -> Job:
+        return fq.enqueue(tenant="a", pool="p", request_class=request_class, prompt_tokens=1,
+                          max_tokens=1, kv_bytes=1, payload=json.dumps(payload), now=0,
+                          summary=summary)  # fmt: skip
+
+    released = job()
+    picked = fq.pick("p", "e1", now=1)
+    assert picked is not None
+    assert picked.job_id == released.job_id
+    assert json.loads(picked.payload) == payload  # whole while it runs
+    cancelled, expired = job(), job("interactive")
+    fq.release(released.job_id, 1, 1, now=2)
+    fq.cancel(cancelled.job_id)
+    fq.expire_waiting(now=10_000)
+    for over in (released, cancelled, expired):
+        kept = fq.get_job(over.job_id)
+        assert kept is not None
+        assert json.loads(kept.payload) == {"tenant_id": 7, "model": "m"}  # the ledger's

@@ -171,8 +171,19 @@ local function free_running(job_id, job)
   redis.call('HSET', k_job(job_id), 'reserved', '0', 'lease_deadline', '')
 end
 
+-- A job that is over keeps its summary in place of its payload (the request's body can be
+-- megabytes, kept for KEEP_S for nothing).
+local function drop_payload(job_id)
+  local summary = redis.call('HGET', k_job(job_id), 'summary')
+  if summary then
+    redis.call('HSET', k_job(job_id), 'payload', summary)
+    redis.call('HDEL', k_job(job_id), 'summary')
+  end
+end
+
 local function finish(job_id, state, reason)
   redis.call('HSET', k_job(job_id), 'state', state, 'reason', reason, 'finished_at', fmt(NOW))
+  drop_payload(job_id)
   redis.call('EXPIRE', k_job(job_id), KEEP_S)
 end
 
@@ -219,6 +230,7 @@ local function release_job(job_id, prompt_tokens, completion_tokens, attempt)
   redis.call('HSET', k_job(job_id), 'reserved', '0', 'lease_deadline', '', 'charged', charged,
     'used_prompt_tokens', int(prompt_tokens), 'used_completion_tokens', int(completion_tokens),
     'state', 'done', 'reason', 'released', 'finished_at', fmt(NOW))
+  drop_payload(job_id)
   redis.call('EXPIRE', k_job(job_id), KEEP_S)
   return 1
 end
