@@ -10,6 +10,7 @@ OpenAI's do (`param`), so a client sees what to fix.
 from __future__ import annotations
 
 import math
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -208,15 +209,16 @@ def _include_usage(body: dict[str, Any], stream: bool) -> bool:
 
 def prompt_token_bound(request: InferenceRequest) -> int:
     """An upper bound on the prompt's tokens without a tokenizer, used when the engine cannot
-    count them: byte-level BPE tokens cover at least one byte each, so UTF-8 bytes bound the
-    text, plus the chat template's markers per message."""
+    count them: byte-level BPE tokens cover at least one byte each, so the UTF-8 bytes of the
+    text as its tokenizer may normalise it (`text_bytes`) bound the text, plus the chat
+    template's markers per message."""
     body = request.body
     if request.endpoint == "completions":
         prompt = body["prompt"]
         if isinstance(prompt, list) and prompt and _is_token_id(prompt[0]):
             return len(prompt)
         text = prompt if isinstance(prompt, str) else prompt[0]
-        return len(text.encode("utf-8")) + 1
+        return text_bytes(text) + 1
     total = 0
     for message in body["messages"]:
         total += CHAT_TEMPLATE_OVERHEAD_TOKENS + _content_bytes(message.get("content"))
@@ -287,12 +289,12 @@ def reserved_prompt_tokens(request: InferenceRequest) -> int:
         return prompt_token_bound(request) + BOUND_MARGIN_TOKENS
     extra = {k: v for k, v in request.body.items() if k not in PROMPT_NEUTRAL_FIELDS}
     if request.endpoint == "completions":
-        prompt_bytes = len(wire.dumps_bytes(request.body["prompt"]))
+        prompt_bytes = text_bytes(wire.dumps(request.body["prompt"]))
         markers = 0
     else:
-        prompt_bytes = len(wire.dumps_bytes(request.body["messages"]))
+        prompt_bytes = text_bytes(wire.dumps(request.body["messages"]))
         markers = CHAT_TEMPLATE_OVERHEAD_TOKENS * (len(request.body["messages"]) + 1)
-    return prompt_bytes + len(wire.dumps_bytes(extra)) + markers + BOUND_MARGIN_TOKENS
+    return prompt_bytes + text_bytes(wire.dumps(extra)) + markers + BOUND_MARGIN_TOKENS
 
 
 def _text_only(content: Any) -> bool:
@@ -305,14 +307,26 @@ def _text_only(content: Any) -> bool:
 
 def _content_bytes(content: Any) -> int:
     if isinstance(content, str):
-        return len(content.encode("utf-8"))
+        return text_bytes(content)
     if isinstance(content, list):
         return sum(
-            len(str(part.get("text", "")).encode("utf-8"))
-            for part in content
-            if isinstance(part, dict)
+            text_bytes(str(part.get("text", ""))) for part in content if isinstance(part, dict)
         )
     return 0
+
+
+NORMAL_FORMS: tuple[Literal["NFC", "NFD", "NFKC", "NFKD"], ...] = ("NFC", "NFD", "NFKC", "NFKD")
+
+
+def text_bytes(text: str) -> int:
+    """The most UTF-8 bytes `text` can become before a byte-level tokenizer sees it: its own,
+    or those of any Unicode normal form its tokenizer may apply first. Normalising can
+    lengthen text: NFC turns U+1D160 (4 bytes) into three code points (12 bytes), NFKC turns
+    U+FDFA into 18. ASCII stays as it is."""
+    if text.isascii():
+        return len(text)
+    forms = (unicodedata.normalize(form, text) for form in NORMAL_FORMS)
+    return max(len(text.encode("utf-8")), *(len(form.encode("utf-8")) for form in forms))
 
 
 def tokenize_request_body(request: InferenceRequest) -> dict[str, Any]:

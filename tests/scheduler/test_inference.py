@@ -270,3 +270,34 @@ def test_what_openai_clients_and_vllms_benchmark_send_is_allowed():
                   "repetition_penalty": 1.0, "stream": True, "echo": False,
                   "stream_options": {"include_usage": True}}  # fmt: skip
     assert parse_inference_request("completions", completion).body == completion
+
+
+@pytest.mark.parametrize(
+    ("text", "normalised"),
+    [
+        ("\U0001d160" * 255, "NFC"),  # 1,020 bytes; a byte-level BPE after NFC sees 3,060
+        ("\ufdfa" * 10, "NFKC"),  # 30 bytes; NFKC spells each out in 18 code points
+        ("\uac00" * 100, "NFD"),  # Hangul syllables: 300 bytes, 900 as jamo
+    ],
+)
+def test_the_byte_bound_covers_text_a_tokenizer_normalises_first(text, normalised):
+    import unicodedata
+
+    grown = len(unicodedata.normalize(normalised, text).encode("utf-8"))
+    assert grown > len(text.encode("utf-8"))
+    completion = parse_inference_request("completions", {"model": "m", "prompt": text})
+    assert prompt_token_bound(completion) >= grown
+    chat = parse_inference_request(
+        "chat", {"model": "m", "messages": [{"role": "user", "content": text}]}
+    )
+    assert prompt_token_bound(chat) >= grown
+
+
+@given(st.text(max_size=200))
+def test_the_bound_is_never_below_any_normal_form_of_the_text(text):
+    import unicodedata
+
+    body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": text}]}
+    request = parse_inference_request("chat", body)
+    for form in ("NFC", "NFD", "NFKC", "NFKD"):
+        assert prompt_token_bound(request) >= len(unicodedata.normalize(form, text).encode())
