@@ -311,6 +311,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 # Uploaded JSONL files and batch outputs, one folder per tenant.
 GPUSHARE_BATCH_FILES_DIR = Path(env_str("GPUSHARE_BATCH_FILES_DIR", str(VAR_DIR / "files")))
 GPUSHARE_BATCH_MAX_FILE_BYTES = env_int("GPUSHARE_BATCH_MAX_FILE_BYTES", 200 * 1024 * 1024)
+# What one tenant's files may take in all (its uploads refused past it), and how many of its
+# batches may be active at once (validating, in progress, finalizing, cancelling).
+GPUSHARE_TENANT_MAX_STORED_BYTES = env_int("GPUSHARE_TENANT_MAX_STORED_BYTES", 10 * 1024**3)
+GPUSHARE_TENANT_MAX_ACTIVE_BATCHES = env_int("GPUSHARE_TENANT_MAX_ACTIVE_BATCHES", 16)
 GPUSHARE_BATCH_MAX_LINES = env_int("GPUSHARE_BATCH_MAX_LINES", 50_000)
 # Lines of one batch in the fair queue (waiting or running) at once: the rest wait in the
 # database, so a 50,000-line file never sits in Redis whole.

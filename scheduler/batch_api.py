@@ -130,7 +130,7 @@ class FileListCreateApi(TenantApiView):
         upload = request.FILES.get("file")
         if upload is None:
             raise DomainError("Send the file as the multipart field 'file'.", param="file")
-        stored = files.file_create(
+        stored = files.file_upload(
             tenant=self.principal.tenant,
             purpose=str(request.data.get("purpose", "")),
             filename=upload.name or "",

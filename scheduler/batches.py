@@ -79,6 +79,12 @@ KICK_EVERY_MS = 500
 FINISHED_JOB_STATES = (JobState.DONE, JobState.CANCELLED, JobState.EXPIRED)
 
 
+class TooManyBatches(DomainError):
+    http_status = 429
+    error_type = "requests"
+    code = "too_many_active_batches"
+
+
 class BatchNotCancellable(DomainError):
     http_status = 409
     code = "batch_not_cancellable"
@@ -314,16 +320,26 @@ def batch_create(
             f"Token budget of {tenant.token_budget} per {tenant.budget_period} is used up; "
             "the batch cannot start."
         )
-    batch = Batch.objects.create(
-        public_id=f"batch_{uuid.uuid4().hex}",
-        tenant=tenant,
-        api_key=api_key,
-        endpoint=endpoint,
-        input_file_id=stored.public_id,
-        completion_window=completion_window,
-        metadata=metadata,
-        expires_at=now + timedelta(seconds=settings.GPUSHARE_BATCH_COMPLETION_WINDOW_S),
-    )
+    with transaction.atomic():
+        # The tenant's row, locked, makes its concurrent creates count one after another.
+        list(Tenant.objects.select_for_update().filter(pk=tenant.pk).values_list("pk"))
+        active = Batch.objects.filter(tenant=tenant, status__in=ACTIVE_BATCH_STATUSES).count()
+        if active >= settings.GPUSHARE_TENANT_MAX_ACTIVE_BATCHES:
+            raise TooManyBatches(
+                f"The tenant has {active} active batches, the most it may; wait for one to "
+                "finish or cancel one.",
+                param="input_file_id",
+            )
+        batch = Batch.objects.create(
+            public_id=f"batch_{uuid.uuid4().hex}",
+            tenant=tenant,
+            api_key=api_key,
+            endpoint=endpoint,
+            input_file_id=stored.public_id,
+            completion_window=completion_window,
+            metadata=metadata,
+            expires_at=now + timedelta(seconds=settings.GPUSHARE_BATCH_COMPLETION_WINDOW_S),
+        )
     transaction.on_commit(lambda: kick(batch.pk))
     return batch
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import QuerySet, Sum
 
 from config.errors import DomainError, NotFound
 from scheduler.models import FilePurpose, StoredFile
@@ -33,6 +33,10 @@ class FileTooLarge(DomainError):
 
 class InvalidFile(DomainError):
     code = "invalid_file"
+
+
+class StorageFull(DomainError):
+    code = "storage_limit_reached"
 
 
 def new_file_id() -> str:
@@ -67,10 +71,42 @@ def _write_atomically(target: Path, chunks: Iterable[bytes], limit: int) -> int:
     return size
 
 
-def file_create(
+def file_upload(
     *, tenant: Tenant, purpose: str, filename: str, chunks: Iterable[bytes]
 ) -> StoredFile:
-    """Stores an upload (or a batch's output) for `tenant`."""
+    """Stores a tenant's upload, within what its files may take in all
+    (GPUSHARE_TENANT_MAX_STORED_BYTES; the batches' outputs count, and are always written)."""
+    allowed = settings.GPUSHARE_TENANT_MAX_STORED_BYTES
+    stored = StoredFile.objects.filter(tenant=tenant).aggregate(total=Sum("size_bytes"))["total"]
+    room = allowed - (stored or 0)
+    full = StorageFull(
+        f"The tenant's files take {stored or 0} of the {allowed} bytes they may; delete some "
+        "(DELETE /v1/files/{file_id}) before uploading more.",
+        param="file",
+    )
+    if room <= 0:
+        raise full
+    limit = settings.GPUSHARE_BATCH_MAX_FILE_BYTES
+    try:
+        return file_create(
+            tenant=tenant, purpose=purpose, filename=filename, chunks=chunks, limit=min(limit, room)
+        )
+    except FileTooLarge:
+        if room < limit:
+            raise full from None
+        raise
+
+
+def file_create(
+    *,
+    tenant: Tenant,
+    purpose: str,
+    filename: str,
+    chunks: Iterable[bytes],
+    limit: int | None = None,
+) -> StoredFile:
+    """Stores an upload (or a batch's output) for `tenant`, of at most `limit` bytes (default
+    GPUSHARE_BATCH_MAX_FILE_BYTES)."""
     if purpose not in FilePurpose.values:
         raise InvalidFile(
             f"Unsupported purpose {purpose!r}; use 'batch'.",
@@ -80,7 +116,7 @@ def file_create(
     public_id = new_file_id()
     relative = f"{tenant.pk}/{public_id}.jsonl"
     size = _write_atomically(
-        files_root() / relative, chunks, settings.GPUSHARE_BATCH_MAX_FILE_BYTES
+        files_root() / relative, chunks, limit or settings.GPUSHARE_BATCH_MAX_FILE_BYTES
     )
     try:
         return StoredFile.objects.create(

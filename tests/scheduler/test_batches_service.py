@@ -618,3 +618,14 @@ def test_the_feeder_looks_for_batches_only_after_one_was_saved(
     assert batches_tick_if_changed() == 1
     assert Batch.objects.get(public_id=created["id"]).status == BatchStatus.IN_PROGRESS
     assert batches_tick_if_changed() == 1  # active: fed at every tick, saved or not
+
+
+def test_a_tenant_may_have_only_so_many_active_batches(files_dir, queue, owner_key, settings):
+    settings.GPUSHARE_TENANT_MAX_ACTIVE_BATCHES = 2
+    client = bearer_client(owner_key)
+    first, _ = start_batch(client, chat_jsonl(1)), start_batch(client, chat_jsonl(1))
+    with pytest.raises(AssertionError, match="too_many_active_batches"):
+        start_batch(client, chat_jsonl(1))
+    assert client.post(f"/v1/batches/{first['id']}/cancel").status_code == 200
+    process(first["id"])  # cancelled: no longer active
+    assert start_batch(client, chat_jsonl(1))["status"] == "validating"

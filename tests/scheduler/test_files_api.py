@@ -110,3 +110,19 @@ def test_content_is_served_whatever_the_client_accepts(files_dir, owner_key):
     response = client.get(f"/v1/files/{file_id}/content", HTTP_ACCEPT="application/binary")
     assert response.status_code == 200
     assert response.getvalue() == JSONL
+
+
+def test_a_tenants_files_may_take_only_so_many_bytes_in_all(files_dir, owner_key, settings):
+    settings.GPUSHARE_TENANT_MAX_STORED_BYTES = 2 * len(JSONL) + 10
+    client = bearer_client(owner_key)
+    first = upload(client).json()["id"]
+    assert upload(client).status_code == 200
+    refused = upload(client)  # 10 bytes of room left, a file of more
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "storage_limit_reached"
+    assert upload(client, content=b"\n" * 10).status_code == 200  # what fits still does
+    assert upload(client, content=b"\n").json()["error"]["code"] == "storage_limit_reached"
+    client.delete(f"/v1/files/{first}")
+    assert upload(client).status_code == 200
+    assert len(client.get("/v1/files").json()["data"]) == 3
+    assert not list(files_dir.rglob(".upload-*"))  # nothing left of the refused ones
