@@ -70,6 +70,10 @@ METRICS: dict[str, tuple[str, str]] = {
         "counter",
         "Requests refused before queueing, by reason and HTTP status.",
     ),
+    "gpushare_unreserved_prompt_tokens": (
+        "counter",
+        "Prompt tokens the engines counted beyond what was reserved for them (never expected).",
+    ),
     "gpushare_tenant_reserved_units": (
         "gauge",
         "KV memory the tenant holds now, in 256 MiB units.",
@@ -255,15 +259,19 @@ class PlatformCollector(Collector):
 
     def _tenants(self) -> Iterator[Metric]:
         from tenants.models import Tenant
+        from workers.telemetry import unreserved_prompt_tokens
 
         quota = _gauge("gpushare_tenant_quota_units", ["tenant"])
         burst = _gauge("gpushare_tenant_burst_units", ["tenant"])
+        unreserved = _counter("gpushare_unreserved_prompt_tokens", ["tenant"])
+        missed = unreserved_prompt_tokens()
         for slug, quota_units, burst_units in Tenant.objects.filter(is_active=True).values_list(
             "slug", "quota_units", "burst_units"
         ):
             quota.add_metric([slug], quota_units)
             burst.add_metric([slug], burst_units)
-        yield from (quota, burst)
+            unreserved.add_metric([slug], missed.get(slug, 0))  # from 0, so rate() sees it
+        yield from (quota, burst, unreserved)
 
     def _engines(self) -> Iterator[Metric]:
         from config.redis import redis_client

@@ -13,6 +13,7 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from config.metrics import METRICS
+from config.redis import redis_client
 from scheduler.fairqueue.domain import TenantPolicy
 from scheduler.pools import fair_queue
 from scheduler.units import UNIT_BYTES
@@ -187,3 +188,11 @@ def test_a_metrics_token_when_set_is_required(redis_db, settings):
     assert Client().get("/metrics").status_code == 401
     assert Client().get("/metrics", headers={"Authorization": "Bearer nope"}).status_code == 401
     scrape(Authorization="Bearer scrape-me")
+
+
+def test_prompt_tokens_used_beyond_their_reservation_are_a_counter_by_tenant(busy: Tenant):
+    from workers.telemetry import UNRESERVED_KEY
+
+    assert value(scrape(), "gpushare_unreserved_prompt_tokens_total", tenant="acme") == 0
+    redis_client().hincrby(UNRESERVED_KEY, "acme", 6)
+    assert value(scrape(), "gpushare_unreserved_prompt_tokens_total", tenant="acme") == 6

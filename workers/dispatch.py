@@ -41,6 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+import redis
 from celery.signals import worker_shutting_down
 from django.conf import settings
 from django.core.exceptions import SynchronousOnlyOperation
@@ -64,6 +65,7 @@ from scheduler.units import UNIT_BYTES
 from tenants.limits import Admission, limits_settle
 from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
 from workers.runner import Relay, Run, RunResult, reserved_unit_seconds, run_job
+from workers.telemetry import UNRESERVED_KEY
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -257,6 +259,7 @@ class Dispatcher:
     async def settle(self, run: Run, result: RunResult) -> None:
         """What a run leaves in the database and the limits, off the loop, where it has any
         (a batch line's answer; a counted request's limits)."""
+        await self.note_unreserved(run.job, result)
         request = run.request
         if not (request.get("batch_id") or (request.get("admission") or {}).get("counted")):
             return
@@ -264,6 +267,20 @@ class Dispatcher:
             await self.in_thread(settle, run.job, request, result)
         except Exception:  # a batch line's answer is taken from its events by the feeder
             log.exception("job %s: could not settle", run.job.job_id)
+
+    async def note_unreserved(self, job: Job, result: RunResult) -> None:
+        """A prompt the engine counted longer than its reservation: the KV reserved and the
+        quota fell short of it. Never expected (the bounds are upper bounds); logged and
+        counted by tenant (gpushare_unreserved_prompt_tokens_total) where it happens."""
+        gap = result.prompt_tokens - job.prompt_tokens
+        if gap <= 0:
+            return
+        log.warning(
+            "job %s of tenant %s: the engine counted %d prompt tokens, %d more than reserved",
+            job.job_id, job.tenant, result.prompt_tokens, gap,
+        )  # fmt: skip
+        with contextlib.suppress(redis.RedisError):  # the warning above stands for it
+            await self.queue.redis.call("HINCRBY", UNRESERVED_KEY, job.tenant, gap)
 
     async def in_thread(self, work: Callable[..., _T], *args: Any) -> _T:
         """Synchronous work (the database, Celery's client) in a thread, never on the loop;

@@ -62,6 +62,9 @@ LEDGER_HORIZON_KEY = PREFIX + "ledger:horizon"
 REJECTIONS_KEY = PREFIX + "rejections"
 PENDING_REJECTIONS_KEY = PREFIX + "rejections:pending"
 DRAINING_REJECTIONS_KEY = PREFIX + "rejections:draining"
+# Prompt tokens the engines counted beyond what was reserved, by tenant (what the KV
+# reservation and the quota missed: a hole in the prompt's bound).
+UNRESERVED_KEY = PREFIX + "unreserved_prompt_tokens"
 # Fields of counter hashes are joined with a tab: slugs, classes and model names hold none.
 SEP = "\t"
 # Seconds; the admission-wait and latency histograms of /metrics.
@@ -591,6 +594,11 @@ def rejections_drain(client: redis.Redis | None = None) -> int:
     pipe.delete(DRAINING_REJECTIONS_KEY)
     pipe.execute()
     return sum(count for _, count in noted)
+
+
+def unreserved_prompt_tokens(client: redis.Redis | None = None) -> dict[str, int]:
+    """Tenant -> prompt tokens its runs used beyond what they reserved, so far."""
+    return {tenant: int(v) for tenant, v in _hash(client or redis_client(), UNRESERVED_KEY).items()}
 
 
 def rejection_counts(client: redis.Redis | None = None) -> dict[tuple[str, str, str], int]:

@@ -21,6 +21,7 @@ from workers import dispatch as dispatch_module
 from workers import tasks
 from workers.dispatch import Dispatcher
 from workers.runner import Run, RunResult
+from workers.telemetry import unreserved_prompt_tokens
 
 POOL = "m"
 UNIT = 256 * 1024 * 1024
@@ -140,6 +141,21 @@ def test_each_run_is_released_with_its_tokens_answer_and_ledger_row(
     rows = [json.loads(row) for row in queue.redis.lrange(USAGE_PENDING_KEY, 0, -1)]
     assert sorted(row["request_id"] for row in rows) == sorted(ids)
     assert {(row["prompt_tokens"], row["completion_tokens"]) for row in rows} == {(10, 5)}
+
+
+def test_a_prompt_longer_than_its_reservation_is_counted_for_its_tenant(
+    queue, engine, dispatcher, summons
+):
+    engine.open.set()
+    short = queue.enqueue(
+        tenant="acme", pool=POOL, request_class="standard", prompt_tokens=4, max_tokens=20,
+        kv_bytes=UNIT, payload=json.dumps(PAYLOAD),
+    )  # fmt: skip
+    exact = submit(queue)  # reserved 10, as the engine counts
+    dispatcher.ensure(POOL)
+    assert wait_until(lambda: dispatcher.ran == 2)
+    assert {short.job_id, exact.job_id} == set(engine.ran)
+    assert wait_until(lambda: unreserved_prompt_tokens(queue.redis) == {"acme": 6})
 
 
 def test_an_idle_picker_is_woken_by_new_work_without_a_message(queue, engine, dispatcher, summons):
