@@ -659,6 +659,7 @@ class _Feeder:
             "stream": False,
             "include_usage": False,
             "tenant_id": tenant.pk,
+            "cache_group": tenant.cache_group,
             "api_key_id": self.batch.api_key_id,
             "model": request.model,
             "admission": asdict(admission),

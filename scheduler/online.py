@@ -305,6 +305,7 @@ async def _enqueue(
         "stream": request.stream,
         "include_usage": request.include_usage,
         "tenant_id": api_key.tenant_id,
+        "cache_group": tenant.cache_group,
         "api_key_id": api_key.pk,
         "model": request.model,
         "admission": vars(admission),  # flat fields: no deep copy, as asdict makes

@@ -47,6 +47,7 @@ class TenantOutput(serializers.ModelSerializer[Tenant]):
             "tpm_limit",
             "token_budget",
             "budget_period",
+            "cache_group",
             "created_at",
             "updated_at",
         )
@@ -68,6 +69,7 @@ class TenantInput(serializers.Serializer[Any]):
     tpm_limit = serializers.IntegerField(min_value=1, required=False, allow_null=True)
     token_budget = serializers.IntegerField(min_value=0, required=False, allow_null=True)
     budget_period = serializers.ChoiceField(choices=BudgetPeriod.choices, required=False)
+    cache_group = serializers.SlugField(max_length=64, required=False, allow_blank=True)
 
 
 class TenantUpdateInput(TenantInput):

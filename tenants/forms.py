@@ -72,6 +72,12 @@ class TenantForm(forms.Form):
     tpm_limit = forms.IntegerField(label="Tokens per minute", required=False)
     token_budget = forms.IntegerField(label="Token budget", required=False)
     budget_period = forms.ChoiceField(label="Budget period", choices=BudgetPeriod.choices)
+    cache_group = forms.SlugField(
+        label="Prefix-cache group",
+        max_length=64,
+        required=False,
+        help_text="Tenants of one group share cached prompt prefixes; empty = its own cache.",
+    )
 
     def clean_allowed_models(self) -> list[str]:
         return [name for name in re.split(r"[,\s]+", self.cleaned_data["allowed_models"]) if name]
@@ -90,6 +96,7 @@ class TenantForm(forms.Form):
             "tpm_limit": tenant.tpm_limit,
             "token_budget": tenant.token_budget,
             "budget_period": tenant.budget_period,
+            "cache_group": tenant.cache_group,
         }
 
 

@@ -61,6 +61,15 @@ class Tenant(models.Model):
     budget_period = models.CharField(
         max_length=8, choices=BudgetPeriod.choices, default=BudgetPeriod.MONTH
     )
+    cache_group = models.SlugField(
+        max_length=64,
+        blank=True,
+        default="",
+        help_text=(
+            "Tenants of one group share cached prompt prefixes on the engines (and can tell "
+            "from the time to a first token what another sent); empty = its own cache."
+        ),
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

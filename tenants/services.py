@@ -33,6 +33,7 @@ TENANT_UPDATABLE_FIELDS = frozenset(
         "tpm_limit",
         "token_budget",
         "budget_period",
+        "cache_group",
     }
 )
 
@@ -60,6 +61,7 @@ def tenant_create(
     tpm_limit: int | None = None,
     token_budget: int | None = None,
     budget_period: str = "month",
+    cache_group: str = "",
 ) -> Tenant:
     tenant = Tenant(
         slug=slug,
@@ -76,6 +78,7 @@ def tenant_create(
         tpm_limit=tpm_limit,
         token_budget=token_budget,
         budget_period=budget_period,
+        cache_group=cache_group,
     )
     tenant.full_clean()
     tenant.save()

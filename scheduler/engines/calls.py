@@ -26,7 +26,7 @@ def engine_body(request: dict[str, Any], request_class: str) -> dict[str, Any]:
         **request["body"],
         "stream": bool(request["stream"]),
         "priority": ENGINE_PRIORITY[request_class],
-        "cache_salt": tenant_cache_salt(int(request["tenant_id"])),
+        "cache_salt": cache_salt(int(request["tenant_id"]), request.get("cache_group") or ""),
     }
     if request["stream"]:
         # Always ask for usage, to charge the real tokens; the client gets it only if asked.
@@ -35,12 +35,14 @@ def engine_body(request: dict[str, Any], request_class: str) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=4096)
-def tenant_cache_salt(tenant_id: int) -> str:
-    """The tenant's salt for the engine's prefix cache (vLLM's `cache_salt`): cached prefixes
-    are shared between one tenant's requests and never across tenants, so a tenant cannot
-    learn from its time to first token what another one sent. Keyed by the platform's secret,
-    so that no tenant can compute another's salt."""
-    return salted_hmac("gpushare.engines.cache_salt", str(tenant_id)).hexdigest()[:32]
+def cache_salt(tenant_id: int, cache_group: str = "") -> str:
+    """The salt for the engine's prefix cache (vLLM's `cache_salt`) of a tenant's requests:
+    cached prefixes are shared between one tenant's requests and never across tenants, so a
+    tenant cannot learn from its time to first token what another one sent; tenants an
+    operator put in one `cache_group` share theirs. Keyed by the platform's secret, so that
+    no tenant can compute another's salt; a tenant's and a group's never meet."""
+    scope = f"group:{cache_group}" if cache_group else f"tenant:{tenant_id}"
+    return salted_hmac("gpushare.engines.cache_salt", scope).hexdigest()[:32]
 
 
 def client_data(data: bytes, chunk: dict[str, Any], include_usage: bool) -> bytes | None:

@@ -204,6 +204,16 @@ def test_a_tenant_with_too_many_requests_waiting_is_told_to_retry(bearer, settin
     assert tokens_counted(tenant) == 2 * (first.job.prompt_tokens + first.job.max_tokens)
 
 
+def test_a_tenants_requests_reach_the_engine_with_its_groups_prefix_cache_salt(bearer):
+    from scheduler.engines.calls import cache_salt, engine_body
+
+    tenant = tenant_update(tenant=Tenant.objects.get(slug="acme"), cache_group="research")
+    admitted = admit(bearer)
+    assert admitted.call["cache_group"] == "research"
+    salt = engine_body(admitted.call, "standard")["cache_salt"]
+    assert salt == cache_salt(tenant.pk, "research") != cache_salt(tenant.pk)
+
+
 def test_a_step_that_must_ask_the_database_again_goes_to_a_thread(bearer, hops):
     admit(bearer)
     online._routes.clear()  # the route ran out: read again from the engines' rows

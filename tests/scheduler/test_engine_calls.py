@@ -3,12 +3,12 @@ never the client's, keyed by the platform's secret; and usage only for a client 
 
 from __future__ import annotations
 
-from scheduler.engines.calls import engine_body, tenant_cache_salt
+from scheduler.engines.calls import cache_salt, engine_body
 
 
-def body_for(tenant_id: int, **fields: object) -> dict:
+def body_for(tenant_id: int, cache_group: str = "", **fields: object) -> dict:
     request = {
-        "endpoint": "chat", "stream": False, "tenant_id": tenant_id,
+        "endpoint": "chat", "stream": False, "tenant_id": tenant_id, "cache_group": cache_group,
         "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields},
     }  # fmt: skip
     return engine_body(request, "standard")
@@ -22,11 +22,19 @@ def test_each_tenant_gets_a_salt_of_its_own_and_never_the_clients() -> None:
     assert chosen["cache_salt"] == b["cache_salt"]
 
 
+def test_tenants_an_operator_put_in_one_group_share_their_salt_and_no_one_else() -> None:
+    a, b, c = body_for(1, "research"), body_for(2, "research"), body_for(3, "other")
+    assert a["cache_salt"] == b["cache_salt"]
+    assert a["cache_salt"] != c["cache_salt"]
+    assert a["cache_salt"] != body_for(1)["cache_salt"]  # the group's, not the tenant's own
+    assert body_for(5)["cache_salt"] != body_for(9, "5")["cache_salt"]  # never the same scope
+
+
 def test_the_salt_follows_the_platforms_secret(settings) -> None:
-    before = tenant_cache_salt(7)
-    tenant_cache_salt.cache_clear()
+    before = cache_salt(7)
+    cache_salt.cache_clear()
     settings.SECRET_KEY = "another secret of at least fifty characters, for the test's sake"
     try:
-        assert tenant_cache_salt(7) != before  # not computable without the secret
+        assert cache_salt(7) != before  # not computable without the secret
     finally:
-        tenant_cache_salt.cache_clear()
+        cache_salt.cache_clear()

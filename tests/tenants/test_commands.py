@@ -116,3 +116,14 @@ def test_key_revoke_of_another_tenants_key_is_not_found():
     with pytest.raises(CommandError, match="No API key"):
         run("key", "revoke", "acme", str(other["api_key"]["id"]))
     assert not ApiKey.objects.get(pk=other["api_key"]["id"]).is_revoked
+
+
+def test_an_operator_puts_tenants_in_one_prefix_cache_group_and_takes_one_out():
+    run("tenant", "create", "acme", "--quota-units", "8", "--cache-group", "research", "--no-key")
+    run("tenant", "create", "globex", "--quota-units", "8", "--no-key")
+    run("tenant", "update", "globex", "--cache-group", "research")
+    assert Tenant.objects.get(slug="globex").cache_group == "research"
+    run("tenant", "update", "acme", "--cache-group", "")
+    assert Tenant.objects.get(slug="acme").cache_group == ""
+    with pytest.raises(CommandError, match="cache_group"):
+        run("tenant", "update", "acme", "--cache-group", "not a slug")

@@ -62,6 +62,10 @@ def _add_policy_arguments(parser: CommandParser, *, creating: bool) -> None:
     parser.add_argument("--tpm", type=int, help="Tokens per minute limit (0 = none).")
     parser.add_argument("--token-budget", type=int, help="Tokens per period (0 = none).")
     parser.add_argument("--budget-period", choices=BudgetPeriod.values)
+    parser.add_argument(
+        "--cache-group",
+        help="Share cached prompt prefixes with the tenants of this group ('' = its own).",
+    )
 
 
 def _policy_changes(options: dict[str, Any]) -> dict[str, Any]:
@@ -74,6 +78,7 @@ def _policy_changes(options: dict[str, Any]) -> dict[str, Any]:
         "classes": "allowed_classes",
         "models": "allowed_models",
         "budget_period": "budget_period",
+        "cache_group": "cache_group",
     }
     changes = {
         field: options[opt] for opt, field in mapping.items() if options.get(opt) is not None
