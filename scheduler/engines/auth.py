@@ -16,7 +16,8 @@ platform, and calls to them fail as calls to an engine that is down).
 
 vLLM leaves /health, /metrics, /tokenize and a few other paths open whatever the key: what
 keeps them from other machines is where the engine listens (127.0.0.1 unless an operator
-sets an address) and, in a cluster, the network policy (platform/k8s/networkpolicy.yaml).
+sets an address) and, in a cluster, the network (docs/SECURITY.md). Why the key is derived:
+docs/decisions/0004-engine-keys-derived-from-the-secret.md.
 """
 
 from __future__ import annotations
