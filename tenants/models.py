@@ -192,6 +192,13 @@ class UsageRecord(models.Model):
     ttft_ms = models.PositiveIntegerField(null=True, blank=True)
     latency_ms = models.PositiveIntegerField(default=0)
     error_code = models.CharField(max_length=64, blank=True)
+    requests = models.PositiveIntegerField(
+        default=1,
+        help_text=(
+            "Requests the row stands for: 1, or the refused requests of one key, reason, class "
+            "and second, so that a flood of refusals costs the ledger one row a second."
+        ),
+    )
     finished_at = models.DateTimeField(db_index=True)
 
     class Meta:

@@ -1,7 +1,8 @@
 """Quota reports: a tenant's usage over a period, from the usage ledger. Reads only.
 
 Every number comes from `UsageRecord` rows (one per finished request, plus `rejected` and
-`timeout` rows for requests refused before they ran), always selected through the tenant.
+`timeout` rows for requests refused before they ran: a row of refusals may stand for several,
+its `requests`), always selected through the tenant.
 
 Reservation history (reserved unit-hours, peak reserved units, time over quota) is derived
 from the ledger, not from sampled snapshots: each row holds its KV reservation
@@ -215,19 +216,19 @@ def tenant_usage_report(*, tenant: Tenant, since: datetime, until: datetime) -> 
     latencies: list[float] = []
     rows = usage_records(tenant=tenant, since=since, until=until).values_list(
         "request_class", "outcome", "status_code", "prompt_tokens", "completion_tokens",
-        "queue_wait_ms", "latency_ms",
+        "queue_wait_ms", "latency_ms", "requests",
     )  # fmt: skip
-    for request_class, outcome, status, prompt_tokens, completion_tokens, wait, latency in rows:
-        requests += 1
-        by_class.setdefault(request_class, dict.fromkeys(OUTCOMES, 0))[outcome] += 1
-        by_outcome[outcome] += 1
+    for request_class, outcome, status, prompt_tokens, completion_tokens, wait, latency, n in rows:
+        requests += n
+        by_class.setdefault(request_class, dict.fromkeys(OUTCOMES, 0))[outcome] += n
+        by_outcome[outcome] += n
         prompt += prompt_tokens
         completion += completion_tokens
         if outcome in RAN:
             waits.append(wait)
             latencies.append(latency)
         else:
-            by_status[str(status)] = by_status.get(str(status), 0) + 1
+            by_status[str(status)] = by_status.get(str(status), 0) + n
     reservations = (
         Reservation(
             start=finished.timestamp() - max(0, latency - wait) / 1000.0,

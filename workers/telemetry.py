@@ -428,7 +428,7 @@ def _fold_increments(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
 
     for row in rows:
         labels = (row["tenant__slug"], row["request_class"], row["model"])
-        add(counter_field("req", *labels, row["outcome"]), 1)
+        add(counter_field("req", *labels, row["outcome"]), row["requests"])
         add(counter_field("tok", *labels, "prompt"), row["prompt_tokens"])
         add(counter_field("tok", *labels, "completion"), row["completion_tokens"])
         if row["outcome"] in (Outcome.REJECTED, Outcome.TIMEOUT):
@@ -469,6 +469,7 @@ def ledger_fold(client: redis.Redis | None = None, *, page: int = FOLD_PAGE) -> 
                 "completion_tokens",
                 "queue_wait_ms",
                 "latency_ms",
+                "requests",
             )[:page]
         )
     )
@@ -570,7 +571,7 @@ def rejections_drain(client: redis.Redis | None = None) -> int:
         if api_key is None:
             continue
         outcome = Outcome.TIMEOUT if reason == "queue_timeout" else Outcome.REJECTED
-        records.extend(
+        records.append(
             UsageRecord(
                 request_id=f"rej-{uuid.uuid4().hex}",
                 tenant=api_key.tenant,
@@ -584,8 +585,8 @@ def rejections_drain(client: redis.Redis | None = None) -> int:
                 status_code=int(status),
                 error_code=reason,
                 finished_at=datetime.fromtimestamp(int(at), tz=UTC),
+                requests=count,  # the refusals of one key, reason and second: one row
             )
-            for _ in range(count)
         )
     UsageRecord.objects.bulk_create(records, batch_size=1000)
     pipe = client.pipeline(transaction=True)

@@ -23,6 +23,7 @@ from scheduler.models import Device, Engine
 from scheduler.pools import fair_queue
 from scheduler.units import UNIT_BYTES
 from tenants.models import Tenant, UsageRecord
+from tenants.reports import tenant_usage_report
 from tenants.services import IssuedKey
 from workers import telemetry
 from workers.models import EngineSample, GpuSample, Resolution
@@ -401,13 +402,20 @@ def test_rejections_are_counted_by_tenant_and_written_to_the_ledger(
         ("", "invalid_api_key", "401"): 1,
     }
     rows = UsageRecord.objects.filter(tenant__slug="acme").order_by("outcome")
-    assert [(r.outcome, r.status_code, r.request_class) for r in rows] == [
-        ("rejected", 429, "standard"),  # the key's default class
-        ("rejected", 429, "standard"),
-        ("timeout", 503, "interactive"),
+    assert [(r.outcome, r.status_code, r.request_class, r.requests) for r in rows] == [
+        ("rejected", 429, "standard", 2),  # the key's default class; one row for the second's 2
+        ("timeout", 503, "interactive", 1),
     ]
     assert all(r.api_key_id == owner_key.api_key.pk for r in rows)
-    assert UsageRecord.objects.count() == 3  # a 401 is nobody's: not in any tenant's ledger
+    assert UsageRecord.objects.count() == 2  # a 401 is nobody's: not in any tenant's ledger
+    report = tenant_usage_report(
+        tenant=owner_key.api_key.tenant, since=datetime(2026, 1, 1, tzinfo=UTC),
+        until=datetime(2027, 1, 1, tzinfo=UTC),
+    )  # fmt: skip
+    assert (report.requests, report.rejected_429, report.timeouts) == (3, 2, 1)
+    telemetry_sample(check_engines=False)
+    telemetry_sample(check_engines=False)  # the fold runs a tick behind
+    assert ledger_counters(live)[("req", "acme", "standard", "", "rejected")] == 2
 
 
 def test_the_sampler_drains_rejections_before_folding_the_ledger(live, owner_key: IssuedKey):
