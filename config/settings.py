@@ -297,6 +297,9 @@ GPUSHARE_COUNT_PROMPTS_ABOVE_TOKENS = env_int("GPUSHARE_COUNT_PROMPTS_ABOVE_TOKE
 # past it a request is refused with 429, so that one tenant's flood cannot fill Redis and the
 # web with waiting requests.
 GPUSHARE_TENANT_MAX_WAITING = env_int("GPUSHARE_TENANT_MAX_WAITING", 1024)
+# How long a request's body may take to arrive whole (config/body_deadline.py): a 200 MB
+# batch upload needs 2 MB/s to make it.
+GPUSHARE_BODY_TIMEOUT_S = env_float("GPUSHARE_BODY_TIMEOUT_S", 120.0)
 GPUSHARE_HOUSEKEEPING_INTERVAL_S = env_float("GPUSHARE_HOUSEKEEPING_INTERVAL_S", 2.0)
 # Housekeeping's engine sync and the batch feeder read their rows only when a save changed
 # them (config/change_marks.py), and at least this often whatever happened.

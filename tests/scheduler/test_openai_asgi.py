@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import replace
 
 import pytest
@@ -434,3 +435,32 @@ def test_a_stream_broken_after_chunks_ends_with_an_error_its_row_written_in_a_th
     assert job.state == "cancelled"
     rows = redis_db.lrange(PENDING_KEY, 0, -1)
     assert [json.loads(row)["error_code"] for row in rows] == ["stream_broken"]
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/files"])
+def test_a_body_that_trickles_past_the_deadline_is_answered_408(settings, auth, path):
+    from config.asgi import application
+
+    settings.GPUSHARE_BODY_TIMEOUT_S = 0.3
+    first = [{"type": "http.request", "body": b'{"model": "m", "mess', "more_body": True}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        if first:
+            return first.pop()
+        await asyncio.Event().wait()  # the rest never comes
+        raise AssertionError("unreachable")
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    headers = [(b"authorization", auth["Authorization"].encode()),
+               (b"content-type", b"application/json")]  # fmt: skip
+    scope = {"type": "http", "method": "POST", "path": path, "query_string": b"",
+             "headers": headers}  # fmt: skip
+    started = time.monotonic()
+    asyncio.run(asyncio.wait_for(application(scope, receive, send), timeout=10))
+    assert time.monotonic() - started < 5
+    assert sent[0]["status"] == 408
+    assert json.loads(sent[1]["body"])["error"]["code"] == "request_timeout"
+    assert len([m for m in sent if m["type"] == "http.response.start"]) == 1  # nothing more
