@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -126,10 +126,15 @@ ModelCheck = Callable[[str], tuple[str, str] | None]
 
 
 def validate_input(
-    raw_lines: Iterable[bytes], *, endpoint_path: str, max_lines: int, model_check: ModelCheck
+    raw_lines: Iterable[bytes],
+    *,
+    endpoint_path: str,
+    max_lines: int,
+    model_check: ModelCheck,
+    enabled: Collection[str] = (),
 ) -> Validation:
     """Checks every line of a batch input file; blank lines are skipped (but counted, so
-    line numbers match an editor's)."""
+    line numbers match an editor's). `enabled`: the tenant's optional request fields."""
     endpoint = ENDPOINTS_BY_PATH[endpoint_path]
     result = Validation()
     seen: set[str] = set()
@@ -147,7 +152,7 @@ def validate_input(
                 )
             )
             break
-        parsed = _validate_line(raw, number, endpoint_path, endpoint, seen, model_check)
+        parsed = _validate_line(raw, number, endpoint_path, endpoint, seen, model_check, enabled)
         if isinstance(parsed, LineError):
             result.errors.append(parsed)
         else:
@@ -164,6 +169,7 @@ def _validate_line(
     endpoint: Endpoint,
     seen: set[str],
     model_check: ModelCheck,
+    enabled: Collection[str],
 ) -> ParsedLine | LineError:
     # PostgreSQL text and jsonb cannot hold NUL: refuse it here, as a line error, rather than
     # fail the whole batch when the lines are stored.
@@ -199,14 +205,19 @@ def _validate_line(
         return LineError(
             number, "invalid_url", f"'url' must be {endpoint_path}, the batch's endpoint.", "url"
         )
-    return _validate_body(item.get("body"), number, custom_id, endpoint, model_check)
+    return _validate_body(item.get("body"), number, custom_id, endpoint, model_check, enabled)
 
 
 def _validate_body(
-    body: Any, number: int, custom_id: str, endpoint: Endpoint, model_check: ModelCheck
+    body: Any,
+    number: int,
+    custom_id: str,
+    endpoint: Endpoint,
+    model_check: ModelCheck,
+    enabled: Collection[str],
 ) -> ParsedLine | LineError:
     try:
-        request = parse_inference_request(endpoint, body)
+        request = parse_inference_request(endpoint, body, enabled)
     except InvalidRequest as exc:
         param = f"body.{exc.param}" if exc.param else "body"
         return LineError(number, "invalid_request", exc.message, param)
@@ -384,6 +395,7 @@ def _validate_batch(batch: Batch, now: datetime) -> None:
         endpoint_path=batch.endpoint,
         max_lines=settings.GPUSHARE_BATCH_MAX_LINES,
         model_check=_model_check(batch.tenant),
+        enabled=batch.tenant.enabled_fields,
     )
     if not validation.ok:
         _fail(batch, validation.errors, now)
@@ -620,7 +632,8 @@ class _Feeder:
         if route is None:
             return True  # no ready engine of this model now: its lines wait
         endpoint = ENDPOINTS_BY_PATH[self.batch.endpoint]
-        requests = [parse_inference_request(endpoint, line.body) for line in lines]
+        enabled = self.batch.tenant.enabled_fields
+        requests = [parse_inference_request(endpoint, line.body, enabled) for line in lines]
         # A byte bound, not the engine's /tokenize: a busy engine answered a window's counts
         # in 1-2.5 s (measured), stalling the feed while the window drained. The real counts
         # are charged when each line ends.

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -55,14 +56,18 @@ class InferenceRequest:
         return ENDPOINT_PATHS[self.endpoint]
 
 
-def parse_inference_request(endpoint: Endpoint, body: Any) -> InferenceRequest:
+def parse_inference_request(
+    endpoint: Endpoint, body: Any, enabled: Collection[str] = ()
+) -> InferenceRequest:
+    """The request as the platform runs it, or InvalidRequest naming the field at fault.
+    `enabled`: the optional fields its tenant may send (scheduler/request_fields.py)."""
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     _check_unicode(body)
     model = body.get("model")
     if not isinstance(model, str) or not model.strip() or "\x00" in model:
         raise InvalidRequest("You must provide a model parameter.", param="model")
-    problem = field_problem(endpoint, body)
+    problem = field_problem(endpoint, body, enabled)
     if problem is not None:
         field, message = problem
         raise InvalidRequest(message, param=field)

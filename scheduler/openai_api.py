@@ -19,7 +19,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import (
+    AsyncGenerator,
+    Awaitable,
+    Callable,
+    Collection,
+    Mapping,
+    MutableMapping,
+)
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +101,8 @@ def error_reply(exc: DomainError) -> Reply:
 
 # Tenant requests that carry a body: their key is checked before a byte of it is read.
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+# Where the gate leaves the key it checked, for the request's handler.
+API_KEY_SCOPE = "gpushare.api_key"
 
 
 async def tenant_key_gate(scope: Scope, send: Send) -> bool:
@@ -105,7 +114,7 @@ async def tenant_key_gate(scope: Scope, send: Send) -> bool:
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
     authorization = headers.get("authorization", "")
     try:
-        await online.authenticate(authorization)
+        scope[API_KEY_SCOPE] = await online.authenticate(authorization)
         return True
     except DomainError as exc:
         endpoint = INFERENCE_PATHS.get(scope["path"])
@@ -141,7 +150,9 @@ async def inference_app(scope: Scope, receive: Receive, send: Send) -> None:
     if body is None:  # the client left before it finished sending: nobody to answer
         return
     client_gone = asyncio.Event()
-    answer = asyncio.ensure_future(_answer(endpoint, body, headers, send, client_gone))
+    api_key = scope.get(API_KEY_SCOPE)
+    enabled = api_key.tenant.enabled_fields if api_key is not None else ()
+    answer = asyncio.ensure_future(_answer(endpoint, body, headers, send, client_gone, enabled))
     gone = asyncio.ensure_future(_disconnected(receive))
     await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
     if not answer.done():  # the client left first: stop waiting or streaming for it
@@ -186,8 +197,9 @@ async def _answer(
     headers: Mapping[str, str],
     send: Send,
     client_gone: asyncio.Event,
+    enabled: Collection[str],
 ) -> None:
-    await _send_reply(send, await inference(endpoint, body, headers, client_gone))
+    await _send_reply(send, await inference(endpoint, body, headers, client_gone, enabled))
 
 
 async def _send_reply(send: Send, reply: Reply) -> None:
@@ -211,12 +223,17 @@ async def _send_reply(send: Send, reply: Reply) -> None:
 
 
 async def inference(
-    endpoint: Endpoint, body: bytes, headers: Mapping[str, str], client_gone: asyncio.Event
+    endpoint: Endpoint,
+    body: bytes,
+    headers: Mapping[str, str],
+    client_gone: asyncio.Event,
+    enabled: Collection[str] = (),
 ) -> Reply:
     """Admits one chat or completion request and answers it (or starts its stream);
-    `client_gone` stops the waiting or the stream (see `online.follow`)."""
+    `client_gone` stops the waiting or the stream (see `online.follow`). `enabled`: the
+    optional request fields of the key's tenant (scheduler/request_fields.py)."""
     try:
-        parsed = parse_inference_request(endpoint, online.parse_json_body(body))
+        parsed = parse_inference_request(endpoint, online.parse_json_body(body), enabled)
         admitted = await online.admit(
             authorization=headers.get("authorization", ""),
             request=parsed,

@@ -20,7 +20,7 @@ the token bounds, the stream's options, `n` and the OpenAI sampling numbers are 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from config import wire
@@ -163,11 +163,34 @@ COMPLETIONS_FIELDS: dict[str, Check] = COMMON_FIELDS | {
 FIELDS: Mapping[str, Mapping[str, Check]] = {"chat": CHAT_FIELDS, "completions": COMPLETIONS_FIELDS}
 
 
-def field_problem(endpoint: str, body: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The first field the request may not carry as it is: (field, message); None if none."""
+def _object_of(max_bytes: int) -> Check:
+    def check(value: Any) -> str | None:
+        fine = isinstance(value, dict) and len(wire.dumps_bytes(value)) <= max_bytes
+        return None if fine else f"an object of at most {max_bytes // 1024} KiB"
+
+    return check
+
+
+# What an operator may enable for one tenant (Tenant.enabled_fields), knowing what it costs
+# the engine everyone shares: the prompt's logprobs (full-vocabulary logits for every prompt
+# token, outside the KV reservation), vLLM's own grammars, arguments to the chat template.
+OPTIONAL_FIELDS: dict[str, Check] = {
+    "prompt_logprobs": _int_in(0, MAX_TOP_LOGPROBS),
+    "structured_outputs": _object_of(MAX_SCHEMA_BYTES),
+    "chat_template_kwargs": _object_of(4 * 1024),
+}
+
+
+def field_problem(
+    endpoint: str, body: Mapping[str, Any], enabled: Collection[str] = ()
+) -> tuple[str, str] | None:
+    """The first field the request may not carry as it is: (field, message); None if none.
+    `enabled`: the OPTIONAL_FIELDS its tenant may send."""
     allowed = FIELDS[endpoint]
     for name, value in body.items():
         check = allowed.get(name)
+        if check is None and name in enabled:
+            check = OPTIONAL_FIELDS.get(name)
         if check is None:
             return name, f"Unrecognized request argument supplied: {name}"
         if value is None:
@@ -175,7 +198,13 @@ def field_problem(endpoint: str, body: Mapping[str, Any]) -> tuple[str, str] | N
         must = check(value)
         if must is not None:
             return name, f"'{name}' must be {must}."
-    if endpoint == "completions" and body.get("echo") and body.get("logprobs") is not None:
+    prompt_logprobs = "prompt_logprobs" in enabled
+    if (
+        endpoint == "completions"
+        and body.get("echo")
+        and body.get("logprobs") is not None
+        and not prompt_logprobs
+    ):
         # The prompt's logprobs: the engine computes them over the whole vocabulary for every
         # prompt token, outside any KV reservation.
         return "echo", "'echo' cannot be combined with 'logprobs' on this platform."

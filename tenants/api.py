@@ -48,6 +48,7 @@ class TenantOutput(serializers.ModelSerializer[Tenant]):
             "token_budget",
             "budget_period",
             "cache_group",
+            "enabled_fields",
             "created_at",
             "updated_at",
         )
@@ -70,6 +71,7 @@ class TenantInput(serializers.Serializer[Any]):
     token_budget = serializers.IntegerField(min_value=0, required=False, allow_null=True)
     budget_period = serializers.ChoiceField(choices=BudgetPeriod.choices, required=False)
     cache_group = serializers.SlugField(max_length=64, required=False, allow_blank=True)
+    enabled_fields = serializers.ListField(child=serializers.CharField(), required=False)
 
 
 class TenantUpdateInput(TenantInput):

@@ -16,6 +16,7 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse_lazy
 
 from scheduler.request_classes import REQUEST_CLASSES, RequestClass
+from scheduler.request_fields import OPTIONAL_FIELDS
 from tenants.models import BudgetPeriod, Tenant
 
 CLASS_CHOICES = [(name, name) for name in REQUEST_CLASSES]
@@ -72,6 +73,13 @@ class TenantForm(forms.Form):
     tpm_limit = forms.IntegerField(label="Tokens per minute", required=False)
     token_budget = forms.IntegerField(label="Token budget", required=False)
     budget_period = forms.ChoiceField(label="Budget period", choices=BudgetPeriod.choices)
+    enabled_fields = forms.MultipleChoiceField(
+        label="Extra request fields",
+        choices=[(name, name) for name in OPTIONAL_FIELDS],
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Each costs the shared engine work outside the tenant's KV reservation.",
+    )
     cache_group = forms.SlugField(
         label="Prefix-cache group",
         max_length=64,
@@ -97,6 +105,7 @@ class TenantForm(forms.Form):
             "token_budget": tenant.token_budget,
             "budget_period": tenant.budget_period,
             "cache_group": tenant.cache_group,
+            "enabled_fields": tenant.enabled_fields,
         }
 
 

@@ -8,6 +8,7 @@ from django.db import models
 from django.db.models import Q
 
 from scheduler.request_classes import REQUEST_CLASSES, RequestClass, unknown_classes
+from scheduler.request_fields import OPTIONAL_FIELDS
 from scheduler.units import format_units
 
 
@@ -61,6 +62,14 @@ class Tenant(models.Model):
     budget_period = models.CharField(
         max_length=8, choices=BudgetPeriod.choices, default=BudgetPeriod.MONTH
     )
+    enabled_fields = models.JSONField(
+        default=list,
+        blank=True,
+        help_text=(
+            "Request fields beyond the standard ones it may send, each a cost to the shared "
+            "engine: prompt_logprobs, structured_outputs, chat_template_kwargs."
+        ),
+    )
     cache_group = models.SlugField(
         max_length=64,
         blank=True,
@@ -88,6 +97,14 @@ class Tenant(models.Model):
             errors["weight"] = f"Weight must be greater than 0, got {self.weight:g}."
         errors.update(_list_errors("allowed_classes", self.allowed_classes))
         errors.update(_list_errors("allowed_models", self.allowed_models))
+        errors.update(_list_errors("enabled_fields", self.enabled_fields))
+        if "enabled_fields" not in errors:
+            unknown = sorted(set(self.enabled_fields) - set(OPTIONAL_FIELDS))
+            if unknown:
+                errors["enabled_fields"] = (
+                    f"Unknown field {', '.join(map(repr, unknown))}; choose from "
+                    f"{', '.join(OPTIONAL_FIELDS)}."
+                )
         if "allowed_classes" not in errors:
             unknown = unknown_classes(self.allowed_classes)
             if unknown:

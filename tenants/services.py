@@ -34,6 +34,7 @@ TENANT_UPDATABLE_FIELDS = frozenset(
         "token_budget",
         "budget_period",
         "cache_group",
+        "enabled_fields",
     }
 )
 
@@ -62,6 +63,7 @@ def tenant_create(
     token_budget: int | None = None,
     budget_period: str = "month",
     cache_group: str = "",
+    enabled_fields: list[str] | None = None,
 ) -> Tenant:
     tenant = Tenant(
         slug=slug,
@@ -79,6 +81,7 @@ def tenant_create(
         token_budget=token_budget,
         budget_period=budget_period,
         cache_group=cache_group,
+        enabled_fields=enabled_fields or [],
     )
     tenant.full_clean()
     tenant.save()

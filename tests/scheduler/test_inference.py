@@ -301,3 +301,17 @@ def test_the_bound_is_never_below_any_normal_form_of_the_text(text):
     request = parse_inference_request("chat", body)
     for form in ("NFC", "NFD", "NFKC", "NFKD"):
         assert prompt_token_bound(request) >= len(unicodedata.normalize(form, text).encode())
+
+
+def test_a_field_an_operator_enabled_for_the_tenant_is_taken_within_its_bounds():
+    body = {**CHAT, "prompt_logprobs": 5, "structured_outputs": {"regex": "[a-z]+"}}
+    with pytest.raises(InvalidRequest) as refused:
+        parse_inference_request("chat", body)
+    assert refused.value.param == "prompt_logprobs"
+    enabled = ("prompt_logprobs", "structured_outputs")
+    assert parse_inference_request("chat", body, enabled).body == body
+    with pytest.raises(InvalidRequest) as bounded:
+        parse_inference_request("chat", {**CHAT, "prompt_logprobs": 21}, enabled)
+    assert bounded.value.param == "prompt_logprobs"
+    echo = {"model": "m", "prompt": "hi", "echo": True, "logprobs": 1}
+    assert parse_inference_request("completions", echo, ["prompt_logprobs"]).body == echo

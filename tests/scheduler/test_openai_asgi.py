@@ -464,3 +464,17 @@ def test_a_body_that_trickles_past_the_deadline_is_answered_408(settings, auth, 
     assert sent[0]["status"] == 408
     assert json.loads(sent[1]["body"])["error"]["code"] == "request_timeout"
     assert len([m for m in sent if m["type"] == "http.response.start"]) == 1  # nothing more
+
+
+def test_a_tenant_sends_the_optional_fields_its_operator_enabled_and_no_others(auth):
+    from tenants.models import Tenant
+    from tenants.services import tenant_update
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "prompt_logprobs": 2}
+    refused = asgi_request("POST", CHAT, json=body, headers=auth)
+    assert refused.status_code == 400
+    assert error_of(refused)["param"] == "prompt_logprobs"
+    tenant_update(tenant=Tenant.objects.get(slug="acme"), enabled_fields=["prompt_logprobs"])
+    taken = asgi_request("POST", CHAT, json=body, headers=auth)
+    assert taken.status_code == 404  # past the fields, to the model (none is served here)
+    assert error_of(taken)["code"] == "model_not_found"

@@ -127,3 +127,16 @@ def test_an_operator_puts_tenants_in_one_prefix_cache_group_and_takes_one_out():
     assert Tenant.objects.get(slug="acme").cache_group == ""
     with pytest.raises(CommandError, match="cache_group"):
         run("tenant", "update", "acme", "--cache-group", "not a slug")
+
+
+def test_an_operator_enables_optional_request_fields_for_one_tenant():
+    run("tenant", "create", "acme", "--quota-units", "8", "--no-key",
+        "--enable-fields", "prompt_logprobs", "structured_outputs")  # fmt: skip
+    assert Tenant.objects.get(slug="acme").enabled_fields == [
+        "prompt_logprobs",
+        "structured_outputs",
+    ]
+    run("tenant", "update", "acme", "--enable-fields")
+    assert Tenant.objects.get(slug="acme").enabled_fields == []
+    with pytest.raises(CommandError, match="Unknown field 'kv_transfer_params'"):
+        run("tenant", "update", "acme", "--enable-fields", "kv_transfer_params")

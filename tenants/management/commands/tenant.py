@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from config.errors import DomainError
 from scheduler.request_classes import REQUEST_CLASSES
+from scheduler.request_fields import OPTIONAL_FIELDS
 from scheduler.units import format_units
 from tenants import selectors, services
 from tenants.management.output import print_json, print_table
@@ -63,6 +64,12 @@ def _add_policy_arguments(parser: CommandParser, *, creating: bool) -> None:
     parser.add_argument("--token-budget", type=int, help="Tokens per period (0 = none).")
     parser.add_argument("--budget-period", choices=BudgetPeriod.values)
     parser.add_argument(
+        "--enable-fields",
+        nargs="*",
+        metavar="FIELD",
+        help=f"Extra request fields it may send: {', '.join(OPTIONAL_FIELDS)} (none = none).",
+    )
+    parser.add_argument(
         "--cache-group",
         help="Share cached prompt prefixes with the tenants of this group ('' = its own).",
     )
@@ -79,6 +86,7 @@ def _policy_changes(options: dict[str, Any]) -> dict[str, Any]:
         "models": "allowed_models",
         "budget_period": "budget_period",
         "cache_group": "cache_group",
+        "enable_fields": "enabled_fields",
     }
     changes = {
         field: options[opt] for opt, field in mapping.items() if options.get(opt) is not None
