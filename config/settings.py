@@ -318,6 +318,8 @@ GPUSHARE_BATCH_MAX_FILE_BYTES = env_int("GPUSHARE_BATCH_MAX_FILE_BYTES", 200 * 1
 # batches may be active at once (validating, in progress, finalizing, cancelling).
 GPUSHARE_TENANT_MAX_STORED_BYTES = env_int("GPUSHARE_TENANT_MAX_STORED_BYTES", 10 * 1024**3)
 GPUSHARE_TENANT_MAX_ACTIVE_BATCHES = env_int("GPUSHARE_TENANT_MAX_ACTIVE_BATCHES", 16)
+# The most ledger rows one `GET /v1/usage` reads: a longer range is refused (400 bad_period).
+GPUSHARE_USAGE_MAX_ROWS = env_int("GPUSHARE_USAGE_MAX_ROWS", 500_000)
 GPUSHARE_BATCH_MAX_LINES = env_int("GPUSHARE_BATCH_MAX_LINES", 50_000)
 # Lines of one batch in the fair queue (waiting or running) at once: the rest wait in the
 # database, so a 50,000-line file never sits in Redis whole.

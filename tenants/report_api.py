@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpResponse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
@@ -45,13 +46,18 @@ def _aware(moment: datetime | None) -> datetime | None:
     return moment.replace(tzinfo=UTC)
 
 
-def _reports(request: Request, tenant: Tenant) -> tuple[list[reports.UsageReport], dict[str, Any]]:
+def _reports(
+    request: Request, tenant: Tenant, *, max_rows: int | None = None
+) -> tuple[list[reports.UsageReport], dict[str, Any]]:
+    """The reports asked for; `max_rows`: refuse a range of more ledger rows (BadPeriod)."""
     query = ReportQuery(data=request.query_params)
     query.is_valid(raise_exception=True)
     data = query.validated_data
     since, until = reports.report_range(
         since=_aware(data.get("since")), until=_aware(data.get("until")), period=data.get("period")
     )
+    if max_rows is not None:
+        reports.check_report_size(tenant=tenant, since=since, until=until, max_rows=max_rows)
     rows = reports.tenant_usage_reports(
         tenant=tenant, since=since, until=until, per=data.get("per")
     )
@@ -100,5 +106,6 @@ class OwnUsageApi(TenantApiView):
     @extend_schema(parameters=_PARAMETERS, responses=dict[str, Any])
     def get(self, request: Request) -> Response:
         tenant = self.principal.tenant
-        rows, asked = _reports(request, tenant)
+        # A tenant's report reads the range's rows: how many one call may read is bounded.
+        rows, asked = _reports(request, tenant, max_rows=settings.GPUSHARE_USAGE_MAX_ROWS)
         return Response(_body(tenant, rows, asked))

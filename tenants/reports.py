@@ -205,6 +205,17 @@ def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
     return {f"p{q}": percentile(values, q) for q in (50, 95, 99)}
 
 
+def check_report_size(*, tenant: Tenant, since: datetime, until: datetime, max_rows: int) -> None:
+    """BadPeriod when [since, until) holds more than `max_rows` of the tenant's ledger rows
+    (counted on the tenant-and-time index, without reading them)."""
+    rows = usage_records(tenant=tenant, since=since, until=until)[: max_rows + 1].count()
+    if rows > max_rows:
+        raise BadPeriod(
+            f"That range holds more than {max_rows} requests of the ledger, more than one "
+            "report reads; ask for a shorter range."
+        )
+
+
 def tenant_usage_report(*, tenant: Tenant, since: datetime, until: datetime) -> UsageReport:
     if until <= since:
         raise BadPeriod(f"The report's end ({until.isoformat()}) is not after its start.")

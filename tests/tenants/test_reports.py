@@ -313,3 +313,13 @@ def test_the_command_refuses_an_unknown_tenant(db):
 
     with pytest.raises(CommandError, match="No tenant"):
         call_command("report", "--tenant", "nobody", stdout=io.StringIO())
+
+
+def test_a_tenants_report_reads_only_so_many_ledger_rows(ledger, owner_key, settings):
+    settings.GPUSHARE_USAGE_MAX_ROWS = 6  # acme's hour holds 6
+    assert bearer_client(owner_key).get("/v1/usage", HOUR).status_code == 200
+    settings.GPUSHARE_USAGE_MAX_ROWS = 5
+    refused = bearer_client(owner_key).get("/v1/usage", HOUR)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "bad_period"
+    assert "shorter range" in refused.json()["error"]["message"]
