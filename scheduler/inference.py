@@ -334,11 +334,24 @@ def text_bytes(text: str) -> int:
     return max(len(text.encode("utf-8")), *(len(form.encode("utf-8")) for form in forms))
 
 
+# The fields of a chat request that change its prompt, which vLLM's /tokenize takes too.
+TOKENIZE_CHAT_FIELDS = ("continue_final_message", "chat_template_kwargs", "tools")
+
+
 def tokenize_request_body(request: InferenceRequest) -> dict[str, Any]:
-    """The body of vLLM's `/tokenize` that counts this request's prompt as the engine will."""
+    """The body of vLLM's `/tokenize` that counts this request's prompt as the engine will:
+    for a chat, its messages through the template with everything that enters it (the tool
+    definitions, the template's arguments)."""
     if request.endpoint == "chat":
-        return {"model": request.model, "messages": request.body["messages"],
-                "add_generation_prompt": True}  # fmt: skip
+        generation_prompt = request.body.get("add_generation_prompt", True)
+        body = {"model": request.model, "messages": request.body["messages"],
+                "add_generation_prompt": generation_prompt}  # fmt: skip
+        body.update(
+            (name, request.body[name])
+            for name in TOKENIZE_CHAT_FIELDS
+            if request.body.get(name) is not None
+        )
+        return body
     prompt = request.body["prompt"]
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]

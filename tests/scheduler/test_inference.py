@@ -104,6 +104,18 @@ def test_tokenize_asks_for_the_generation_prompt_of_a_chat():
     assert tokenize_request_body(single) == {"model": "m", "prompt": "only"}
 
 
+def test_tokenize_counts_everything_that_enters_a_chats_prompt():
+    tools = [{"type": "function", "function": {"name": "f", "description": "x" * 500}}]
+    extra = {"tools": tools, "continue_final_message": True, "add_generation_prompt": False,
+             "chat_template_kwargs": {"enable_thinking": False}, "temperature": 0.5}  # fmt: skip
+    request = parse_inference_request("chat", {**CHAT, **extra}, ["chat_template_kwargs"])
+    assert tokenize_request_body(request) == {
+        "model": "m", "messages": CHAT["messages"], "add_generation_prompt": False,
+        "continue_final_message": True, "chat_template_kwargs": {"enable_thinking": False},
+        "tools": tools,
+    }  # fmt: skip
+
+
 def bounded(body: dict, endpoint: str = "chat", max_model_len: int = 2048, limit: int = 1024):
     request = parse_inference_request(endpoint, body)  # type: ignore[arg-type]
     return bounded_prompt_tokens(request, max_model_len, limit)
