@@ -130,9 +130,10 @@ def print_header() -> None:
     print(f"date:    {datetime.now().astimezone().isoformat(timespec='seconds')}")
     print(f"commit:  {git('rev-parse', '--short', 'HEAD')}, tree {dirty}")
     argv = list(sys.orig_argv)
+    secrets = {"--api-key": "gs-...", "--engine-key": "..."}  # not for a README
     for i, arg in enumerate(argv[:-1]):
-        if arg == "--api-key":
-            argv[i + 1] = "gs-..."  # a secret: not for a README
+        if arg in secrets:
+            argv[i + 1] = secrets[arg]
     print(f"command: {shlex.join(argv)}")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}", flush=True)
 
