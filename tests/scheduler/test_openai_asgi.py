@@ -478,3 +478,18 @@ def test_a_tenant_sends_the_optional_fields_its_operator_enabled_and_no_others(a
     taken = asgi_request("POST", CHAT, json=body, headers=auth)
     assert taken.status_code == 404  # past the fields, to the model (none is served here)
     assert error_of(taken)["code"] == "model_not_found"
+
+
+@pytest.mark.django_db
+def test_an_unknown_path_of_the_tenant_api_is_an_openai_404_and_others_djangos():
+    for method, path in (("GET", "/v1/embeddingz"), ("GET", "/v1/chat/completions/"),
+                         ("DELETE", "/v1/nothing/here")):  # fmt: skip
+        response = asgi_request(method, path)
+        assert response.status_code == 404
+        assert error_of(response) == {
+            "message": f"Invalid URL ({method} {path})", "type": "invalid_request_error",
+            "code": "unknown_url", "param": None,
+        }  # fmt: skip
+    page = asgi_request("GET", "/nowhere")
+    assert page.status_code == 404
+    assert "application/json" not in page.headers["content-type"]
