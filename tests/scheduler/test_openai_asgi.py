@@ -493,3 +493,17 @@ def test_an_unknown_path_of_the_tenant_api_is_an_openai_404_and_others_djangos()
     page = asgi_request("GET", "/nowhere")
     assert page.status_code == 404
     assert "application/json" not in page.headers["content-type"]
+
+
+@pytest.mark.django_db
+def test_every_answer_of_the_tenant_api_carries_a_request_id_errors_included():
+    answers = [
+        asgi_request("GET", "/v1/models"),  # Django, 401
+        asgi_request("POST", CHAT, json={"model": "m"}),  # the key gate, 401
+        asgi_request("GET", "/v1/no-such-thing"),  # 404
+        asgi_request("GET", CHAT),  # the inference app, 405
+    ]
+    ids = [answer.headers.get("x-request-id") for answer in answers]
+    assert all(ids), ids
+    assert len(set(ids)) == len(ids)  # each its own
+    assert "x-request-id" not in asgi_request("GET", "/healthz").headers  # the API's only
