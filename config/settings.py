@@ -1,4 +1,4 @@
-"""Settings for gpushare, read from environment variables (see README.md, Configuration).
+"""Settings for gpushare, read from environment variables (docs/CONFIGURATION.md lists them).
 
 The defaults run a fresh checkout: a SQLite file under var/ and a local Redis.
 """
