@@ -174,12 +174,6 @@ def _check_sampling(body: dict[str, Any]) -> None:
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise InvalidRequest("'seed' must be an integer.", param="seed")
-    stop = body.get("stop")
-    if stop is not None and not (
-        isinstance(stop, str)
-        or (isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) for s in stop))
-    ):
-        raise InvalidRequest("'stop' must be a string or up to 4 strings.", param="stop")
 
 
 def _is_number(value: Any) -> bool:

@@ -157,10 +157,15 @@ def parse_json_body(body: bytes) -> Any:
         raise BadRequest("The request body is nested too deeply.") from None
 
 
-def _prepare(authorization: str, request: InferenceRequest, class_header: str) -> _Prepared:
+def _prepare(
+    authorization: str,
+    request: InferenceRequest,
+    class_header: str,
+    api_key: ApiKey | None = None,
+) -> _Prepared:
     """The key, the class and the route: from the caches on the loop; in one trip to a
     thread when one of them must be read again (see `_here_or_in_thread`)."""
-    api_key = authenticate_bearer(authorization)
+    api_key = api_key or authenticate_bearer(authorization)
     tenant = api_key.tenant
     request_class = class_header or request.request_class or api_key.default_class
     if request_class not in ("interactive", "standard", "offline"):
@@ -414,7 +419,13 @@ def _rejection(exc: JobRejected) -> DomainError:
     return Unavailable(f"The request could not be queued: {exc.message}.")
 
 
-async def admit(*, authorization: str, request: InferenceRequest, class_header: str) -> Admitted:
+async def admit(
+    *,
+    authorization: str,
+    request: InferenceRequest,
+    class_header: str,
+    api_key: ApiKey | None = None,
+) -> Admitted:
     """Admission on the event loop. What is cached (the key, the route, the tenant's policy:
     nearly every request) is read there, and Redis is asked through the loop's asyncio client
     (the limits' script, then the queue's: one round trip each, as the waits that follow
@@ -422,9 +433,9 @@ async def admit(*, authorization: str, request: InferenceRequest, class_header: 
     instead: it raises SynchronousOnlyOperation on the loop before anything is done, which is
     the signal (`_here_or_in_thread`). The hop to a thread and back (GIL hand-offs, a wake-up
     of the loop) costs a sixth of the web's CPU per request (docs/BENCHMARKS.md, 2026-12-02):
-    it is made only then."""
+    it is made only then. `api_key`: the header's key, where the web checked it already."""
     received_at = time.time()
-    prepared = await _here_or_in_thread(_prepare, authorization, request, class_header)
+    prepared = await _here_or_in_thread(_prepare, authorization, request, class_header, api_key)
     engine, state = prepared.route.engine, _loop_state()
     # Before the limits count the request: a policy not yet cached is written first.
     await _here_or_in_thread(_sync_policy, prepared.api_key, state.queue.queue)

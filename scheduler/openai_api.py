@@ -23,7 +23,6 @@ from collections.abc import (
     AsyncGenerator,
     Awaitable,
     Callable,
-    Collection,
     Mapping,
     MutableMapping,
 )
@@ -45,6 +44,7 @@ from scheduler.inference import Endpoint, InvalidRequest, parse_inference_reques
 from scheduler.models import EngineStatus
 from scheduler.selectors import engine_list
 from tenants.auth import TenantApiView
+from tenants.models import ApiKey
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +151,7 @@ async def inference_app(scope: Scope, receive: Receive, send: Send) -> None:
         return
     client_gone = asyncio.Event()
     api_key = scope.get(API_KEY_SCOPE)
-    enabled = api_key.tenant.enabled_fields if api_key is not None else ()
-    answer = asyncio.ensure_future(_answer(endpoint, body, headers, send, client_gone, enabled))
+    answer = asyncio.ensure_future(_answer(endpoint, body, headers, send, client_gone, api_key))
     gone = asyncio.ensure_future(_disconnected(receive))
     await asyncio.wait({answer, gone}, return_when=asyncio.FIRST_COMPLETED)
     if not answer.done():  # the client left first: stop waiting or streaming for it
@@ -197,9 +196,9 @@ async def _answer(
     headers: Mapping[str, str],
     send: Send,
     client_gone: asyncio.Event,
-    enabled: Collection[str],
+    api_key: ApiKey | None,
 ) -> None:
-    await _send_reply(send, await inference(endpoint, body, headers, client_gone, enabled))
+    await _send_reply(send, await inference(endpoint, body, headers, client_gone, api_key))
 
 
 async def _send_reply(send: Send, reply: Reply) -> None:
@@ -227,17 +226,20 @@ async def inference(
     body: bytes,
     headers: Mapping[str, str],
     client_gone: asyncio.Event,
-    enabled: Collection[str] = (),
+    api_key: ApiKey | None = None,
 ) -> Reply:
     """Admits one chat or completion request and answers it (or starts its stream);
-    `client_gone` stops the waiting or the stream (see `online.follow`). `enabled`: the
-    optional request fields of the key's tenant (scheduler/request_fields.py)."""
+    `client_gone` stops the waiting or the stream (see `online.follow`). `api_key`: the
+    header's key where `tenant_key_gate` checked it; its tenant's optional request fields
+    (scheduler/request_fields.py) are allowed."""
+    enabled = api_key.tenant.enabled_fields if api_key is not None else ()
     try:
         parsed = parse_inference_request(endpoint, online.parse_json_body(body), enabled)
         admitted = await online.admit(
             authorization=headers.get("authorization", ""),
             request=parsed,
             class_header=headers.get("x-request-class", "").strip().lower(),
+            api_key=api_key,
         )
         if parsed.stream:
             return Reply(

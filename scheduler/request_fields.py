@@ -14,7 +14,7 @@ engine (logit_bias, stop strings, tools, a JSON schema).
 `priority` and `cache_salt` are accepted and always replaced: the platform sets them from the
 request's class and its tenant (scheduler/engines/calls.py). `model`, `messages`, `prompt`,
 the token bounds, the stream's options, `n` and the OpenAI sampling numbers are checked by
-`scheduler.inference`, which calls `check_fields` first.
+`scheduler.inference`, which calls `field_problem` first.
 """
 
 from __future__ import annotations
@@ -127,9 +127,9 @@ def _response_format(value: Any) -> str | None:
 
 
 def _stream_options(value: Any) -> str | None:
-    return None if not isinstance(value, dict) or set(value) <= {"include_usage"} else (
-        "an object with include_usage only"
-    )  # fmt: skip
+    # Its type and include_usage's are scheduler.inference's to check; only the keys here.
+    extra = isinstance(value, dict) and not set(value) <= {"include_usage"}
+    return "an object with include_usage only" if extra else None
 
 
 # Both endpoints: OpenAI's fields, vLLM's sampling extras, and the platform's own.

@@ -507,3 +507,20 @@ def test_every_answer_of_the_tenant_api_carries_a_request_id_errors_included():
     assert all(ids), ids
     assert len(set(ids)) == len(ids)  # each its own
     assert "x-request-id" not in asgi_request("GET", "/healthz").headers  # the API's only
+
+
+def test_the_key_the_gate_checked_is_the_one_admission_uses(auth, monkeypatch):
+    looked_up: list[str] = []
+    lookup = online.authenticate_bearer
+
+    def counted(authorization: str):
+        looked_up.append(authorization)
+        return lookup(authorization)
+
+    monkeypatch.setattr(online, "authenticate_bearer", counted)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    asgi_request("POST", CHAT, json=body, headers=auth)  # the key cached (a first try on the
+    looked_up.clear()  # loop, and one in a thread, read it from the database)
+    response = asgi_request("POST", CHAT, json=body, headers=auth)
+    assert error_of(response)["code"] == "model_not_found"  # admitted as far as the route
+    assert looked_up == [auth["Authorization"]]  # once, by the gate
