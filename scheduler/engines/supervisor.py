@@ -41,6 +41,8 @@ POLL_INTERVAL_S = 1.0
 # How often a long start says it is still alive.
 PROGRESS_EVERY_S = 10.0
 WARMUP_PROMPT = "Hello"
+# The status detail of an engine whose process has been sent SIGTERM by engine_stop.
+STOPPING_DETAIL = "stopping process"
 
 
 class EngineStartError(DomainError):
@@ -114,8 +116,25 @@ def _death_detail(engine: Engine, what: str) -> str:
 
 def engine_refresh(*, engine: Engine) -> Engine:
     """The crash check: an engine whose status says its process runs, but whose process is
-    gone, is marked failed (with why). Cheap: no HTTP. Safe to call from anywhere, often."""
-    if engine.status in LIVE_STATUSES and not _process_alive(engine):
+    gone, is marked failed (with why). Cheap: no HTTP. Safe to call from anywhere, often.
+
+    The row is read again under a lock before it is written: `engine` may have been read
+    before another process moved it on (a stop that ended, a new start), and that process's
+    word stands. A process gone after `engine_stop` sent it SIGTERM is a stop, not a
+    failure."""
+    if engine.status not in LIVE_STATUSES or _process_alive(engine):
+        return engine
+    with transaction.atomic():
+        current = Engine.objects.select_for_update().filter(pk=engine.pk).first()
+        if current is None or current.status != engine.status or current.pid != engine.pid:
+            if current is not None:
+                engine.refresh_from_db(fields=["status", "status_detail", "pid", "updated_at"])
+            return engine
+        if current.status_detail.startswith(STOPPING_DETAIL):
+            engine_set_status(
+                engine=engine, status=EngineStatus.STOPPED, detail="stopped", clear_pid=True
+            )
+            return engine
         detail = _death_detail(engine, f"process {engine.pid} is gone while {engine.status}")
         engine_set_status(engine=engine, status=EngineStatus.FAILED, detail=detail, clear_pid=True)
     return engine
@@ -415,6 +434,11 @@ def engine_stop(
         _drain(engine, timeouts=timeouts, on_progress=on_progress)
     graceful = True
     if engine.pid is not None and process.is_running(engine.pid):
+        # Said in the row first, so that a crash check that sees the process gone from here
+        # on knows it is stopping, not failed.
+        engine_set_status(
+            engine=engine, status=engine.status, detail=f"{STOPPING_DETAIL} {engine.pid}"
+        )
         on_progress(f"{engine.name}: stopping process {engine.pid}")
         graceful = process.terminate(engine.pid, timeout_s=timeouts.stop_s)
     detail = "stopped" if graceful else f"killed after {timeouts.stop_s:.0f} s without exiting"

@@ -27,7 +27,7 @@ from scheduler.engines.supervisor import (
     engines_check_all,
 )
 from scheduler.models import Device, DeviceKind, Engine, EngineStatus
-from scheduler.services import NoRoom, device_register_cpu, engine_create
+from scheduler.services import NoRoom, device_register_cpu, engine_create, engine_set_status
 from scheduler.units import GIB
 
 FAKE_SERVER = Path(__file__).with_name("fake_vllm_server.py")
@@ -181,6 +181,30 @@ def test_a_crashed_engine_is_detected_and_never_left_ready(engine) -> None:
     assert f"process {started.pid} is gone while ready" in checked.status_detail
     # Stopping a failed engine settles it as stopped.
     assert engine_stop(name="fake", timeouts=FAST).status == EngineStatus.STOPPED
+
+
+def test_a_crash_check_that_read_the_row_before_a_stop_leaves_it_stopped(engine) -> None:
+    started = engine_start(name="fake", timeouts=FAST)
+    read_before = Engine.objects.get(name="fake")  # the periodic check's row, still ready
+    assert engine_stop(name="fake", timeouts=FAST).status == EngineStatus.STOPPED
+    assert not process.is_running(pid_of(started))
+    checked = engine_refresh(engine=read_before)
+    assert checked.status == EngineStatus.STOPPED
+    assert Engine.objects.get(name="fake").status == EngineStatus.STOPPED
+
+
+def test_a_process_gone_after_the_stop_sent_sigterm_is_stopped_not_failed(engine) -> None:
+    started = engine_start(name="fake", timeouts=FAST)
+    engine_set_status(
+        engine=started, status=EngineStatus.DRAINING, detail=f"stopping process {started.pid}"
+    )
+    os.killpg(pid_of(started), signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while process.is_running(pid_of(started)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    checked = engine_refresh(engine=Engine.objects.get(name="fake"))
+    assert checked.status == EngineStatus.STOPPED
+    assert Engine.objects.get(name="fake").pid is None
 
 
 def test_a_ready_engine_that_stops_answering_health_is_failed_and_its_process_stopped(
