@@ -157,6 +157,8 @@ class Job:
     # stream, see scheduler/granted.py), kept for a run that picks it after its first
     # run's worker died: the answer was given; only its release is left.
     answered: str = ""
+    # The sequences it runs (n samples of each of its prompts): the engine seats it takes.
+    seqs: int = 1
 
     @classmethod
     def from_hash(cls, job_id: str, fields: Mapping[str, str]) -> "Job":
@@ -179,6 +181,7 @@ class Job:
             charged=float(fields.get("charged", 0)),
             reason=fields.get("reason", ""),
             answered=fields.get("answered", ""),
+            seqs=int(fields.get("seqs") or 1),
         )
 
 

@@ -53,6 +53,7 @@ class ModelJob:
     engine_id: str = ""
     charged: float = 0.0
     weight: float = 1.0
+    seqs: int = 1  # engine seats it takes
 
 
 class FairModel:
@@ -113,7 +114,7 @@ class FairModel:
     def _free(self, job: ModelJob) -> None:
         self.tenant_reserved[job.tenant] -= job.kv_bytes
         self.engine_reserved[job.engine_id] -= job.kv_bytes
-        self.engine_inflight[job.engine_id] -= 1
+        self.engine_inflight[job.engine_id] -= job.seqs
 
     # --- decisions ----------------------------------------------------------------------------
 
@@ -184,7 +185,7 @@ class FairModel:
         job.state, job.engine_id = "running", engine_id
         self.tenant_reserved[job.tenant] += job.kv_bytes
         self.engine_reserved[engine_id] += job.kv_bytes
-        self.engine_inflight[engine_id] += 1
+        self.engine_inflight[engine_id] += job.seqs
         return job
 
     def engines_by_room(self) -> list[str]:

@@ -237,6 +237,7 @@ class FairQueue:
         job_id: str | None = None,
         now: float | None = None,
         summary: str = "",
+        seqs: int = 1,
     ) -> Job:
         """Queues a job at the tail of its tenant's queue; raises JobRejected when it can
         never run (larger than every engine of the pool or than the tenant's quota + burst,
@@ -244,7 +245,7 @@ class FairQueue:
         job, _ = self._enqueue(
             summon=False, tenant=tenant, pool=pool, request_class=request_class,
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, kv_bytes=kv_bytes,
-            payload=payload, job_id=job_id, now=now, summary=summary,
+            payload=payload, job_id=job_id, now=now, summary=summary, seqs=seqs,
         )  # fmt: skip
         return job
 
@@ -275,16 +276,20 @@ class FairQueue:
         inbox: str = "",
         max_waiting: int = 0,
         summary: str = "",
+        seqs: int = 1,
     ) -> list[Any]:
         """The enqueue script's arguments (after `script_head`), checked. `inbox`: the list
         its waiter reads the events of all its jobs from (see `Keys.inbox`); '' = the job's
         own event list. `max_waiting`: the job is refused (`too_many_waiting`) when that many
         of its tenant's jobs already wait in the pool's queues; 0 = no limit. `summary`: what
-        the job keeps in place of its payload once it is over (`payload_summary`); '' = all."""
+        the job keeps in place of its payload once it is over (`payload_summary`); '' = all.
+        `seqs`: the sequences it runs (n samples of each prompt), one engine seat each."""
         if request_class not in REQUEST_CLASSES:
             raise JobRejected("unknown_class", f"unknown request class {request_class!r}")
         if min(prompt_tokens, max_tokens, kv_bytes) < 0:
             raise ValueError("token counts and KV bytes cannot be negative")
+        if seqs < 1:
+            raise ValueError("a job runs at least one sequence")
         job_id = check_id("job", job_id or uuid.uuid4().hex)
         check_id("tenant", tenant)
         timeout = repr(float(self.config.queue_timeouts_s[request_class]))
@@ -293,6 +298,7 @@ class FairQueue:
             *(timeout, payload, str(self.config.loop_summon_s) if summon else "", inbox),
             max_waiting,
             summary,
+            seqs,
         ]
 
     @staticmethod
@@ -314,6 +320,7 @@ class FairQueue:
             payload=args[8],
             enqueued_at=float(status[1]),
             deadline=float(status[2]),
+            seqs=int(args[13]),
         )
         return job, status[3] == "summon"
 

@@ -8,7 +8,13 @@ from hypothesis import HealthCheck, given, settings
 
 from scheduler.fairqueue import EnginePolicy, FairQueue, Job, JobRejected
 from scheduler.fairqueue.model import FairModel, ModelJob
-from tests.scheduler.test_fairqueue_model import CLASSES, ENGINES, TENANTS, WEIGHTS, operations
+from tests.scheduler.test_fairqueue_model import (
+    ENGINES,
+    TENANTS,
+    WEIGHTS,
+    operations,
+    random_job,
+)
 
 
 def fresh(client: redis.Redis) -> tuple[FairQueue, FairModel]:
@@ -31,7 +37,7 @@ def enqueue_both(fq: FairQueue, model: FairModel, job: ModelJob) -> None:
         fq.enqueue(
             tenant=job.tenant, pool="p", request_class=job.request_class,
             prompt_tokens=job.prompt_tokens, max_tokens=job.max_tokens, kv_bytes=job.kv_bytes,
-            job_id=job.job_id, now=0,
+            job_id=job.job_id, now=0, seqs=job.seqs,
         )  # fmt: skip
         got = ""
     except JobRejected as rejected:
@@ -52,7 +58,7 @@ def step(fq: FairQueue, model: FairModel, op: tuple[str, int, int, int, int], se
     live = sorted(j.job_id for j in model.jobs.values() if j.state in ("running", "queued"))
     engine_id = "e1" if x % 2 == 0 else "e2"
     if kind == "enqueue":
-        job = ModelJob(f"j{serial}", "abc"[x % 3], CLASSES[y % 3], 1 + z, 1 + w, 1 + (x + z) % 7)
+        job = random_job(op, serial)
         enqueue_both(fq, model, job)
     elif kind == "pick":
         if y % 3 == 2:

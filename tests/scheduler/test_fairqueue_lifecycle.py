@@ -338,3 +338,24 @@ def test_a_job_that_is_over_keeps_its_summary_not_its_request_body(fq: FairQueue
         kept = fq.get_job(over.job_id)
         assert kept is not None
         assert json.loads(kept.payload) == {"tenant_id": 7, "model": "m"}  # the ledger's
+
+
+def test_a_job_of_several_sequences_takes_a_seat_for_each(fq: FairQueue) -> None:
+    setup_pool(fq, max_num_seqs=4)
+    wide = fq.enqueue(
+        tenant="a", pool="p", request_class="standard", prompt_tokens=100, max_tokens=150,
+        kv_bytes=UNIT, now=0, seqs=3,
+    )  # fmt: skip
+    assert wide.seqs == 3
+    narrow, last = submit(fq, "b", now=0), submit(fq, "b", now=0)
+    assert pick(fq, now=1).job_id == wide.job_id
+    assert reserved(fq)[2] == 3
+    assert pick(fq, now=1).job_id == narrow.job_id  # one seat was free
+    assert fq.pick("p", "e1", now=1) is None  # four of four taken
+    running = fq.get_job(wide.job_id)
+    assert running is not None
+    assert running.seqs == 3
+    assert fq.release(running.job_id, 100, 150, now=2)
+    assert fq.snapshot().engine_inflight["e1"] == 1
+    assert pick(fq, now=3).job_id == last.job_id
+    assert fq.check().ok

@@ -84,12 +84,19 @@ def heads_admissible(model: FairModel, engine_id: str, within_quota_only: bool) 
     return found
 
 
+def random_job(op: tuple[str, int, int, int, int], serial: int) -> ModelJob:
+    """The job an `enqueue` operation makes: a tenant, a class, tokens, KV bytes and seats."""
+    _, x, y, z, w = op
+    tenant, request_class, kv_bytes = "abc"[x % 3], CLASSES[y % 3], 1 + (x + z) % 7
+    return ModelJob(f"j{serial}", tenant, request_class, 1 + z, 1 + w, kv_bytes, seqs=1 + w % 3)
+
+
 def apply(model: FairModel, op: tuple[str, int, int, int, int], serial: int) -> None:
-    kind, x, y, z, w = op
+    kind, x, y, z, _ = op
     running = sorted(j.job_id for j in model.jobs.values() if j.state == "running")
     queued = sorted(j.job_id for j in model.jobs.values() if j.state == "queued")
     if kind == "enqueue":
-        job = ModelJob(f"j{serial}", "abc"[x % 3], CLASSES[y % 3], 1 + z, 1 + w, 1 + (x + z) % 7)
+        job = random_job(op, serial)
         try:
             model.enqueue(job)
         except JobRejected:
@@ -135,7 +142,10 @@ def check_invariants(model: FairModel) -> None:
         mine = [j for j in running if j.engine_id == engine_id]
         assert model.engine_reserved[engine_id] == sum(j.kv_bytes for j in mine)
         assert 0 <= model.engine_reserved[engine_id] <= engine.kv_budget_bytes
-        assert model.engine_inflight[engine_id] == len(mine) <= engine.max_in_flight
+        # Seats count sequences; a job of several is picked while one seat is free.
+        assert model.engine_inflight[engine_id] == sum(j.seqs for j in mine)
+        widest = max((j.seqs for j in mine), default=1)
+        assert model.engine_inflight[engine_id] <= engine.max_in_flight - 1 + widest
     for (request_class, tenant), queue in model.queues.items():
         for job_id in queue:
             job = model.jobs[job_id]

@@ -1,7 +1,8 @@
 -- Compare the reserved totals with the in-flight jobs, atomically (nothing moves while it
 -- counts). ARGV[4]: '1' to repair (set the totals to what the in-flight jobs hold).
 -- Returns JSON: {tenants: {t: [recorded, expected]}, engines: {e: [recorded bytes, expected
--- bytes, recorded inflight, expected inflight]}, problems: [text]}.
+-- bytes, recorded inflight, expected inflight]}, problems: [text]}. In flight counts seats
+-- (sequences), as `seats` does.
 local repair = ARGV[4] == '1'
 local tenant_bytes, engine_bytes, engine_jobs = {}, {}, {}
 local problems = {}
@@ -13,7 +14,7 @@ for _, job_id in ipairs(redis.call('ZRANGE', k_inflight(), 0, -1)) do
   if job.state == 'running' then
     add(tenant_bytes, job.tenant, num(job.reserved))
     add(engine_bytes, job.engine, num(job.reserved))
-    add(engine_jobs, job.engine, 1)
+    add(engine_jobs, job.engine, seats(job))
   else
     table.insert(problems, 'in-flight index holds job ' .. job_id .. ' in state ' .. tostring(job.state))
     if repair then redis.call('ZREM', k_inflight(), job_id) end

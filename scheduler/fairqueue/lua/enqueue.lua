@@ -3,7 +3,8 @@
 -- (seconds), payload, summon_s ('' = leave dispatch loops alone; else see summon_loop),
 -- inbox ('' = none: the job's events go to its own list; see emit_raw), max_waiting (the most
 -- jobs of the tenant that may wait in the pool's queues, its classes together; 0 = no limit),
--- summary (what the job keeps in place of its payload once it is over; '' = the payload).
+-- summary (what the job keeps in place of its payload once it is over; '' = the payload),
+-- seqs (the sequences it runs, one engine seat each; '' = 1).
 -- Returns {'ok', enqueued_at, deadline, '' or what summon_loop said} or
 -- {'rejected', reason, detail}.
 local job_id, tenant, pool, cls = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
@@ -49,7 +50,8 @@ end
 redis.call('HSET', k_job(job_id), 'tenant', tenant, 'pool', pool, 'cls', cls,
   'prompt_tokens', int(prompt_tokens), 'max_tokens', int(max_tokens), 'kv_bytes', int(kv_bytes),
   'payload', payload, 'state', 'queued', 'enqueued_at', fmt(NOW), 'deadline', fmt(deadline),
-  'attempt', '0', 'charged', '0', 'reserved', '0', 'inbox', ARGV[14] or '')
+  'attempt', '0', 'charged', '0', 'reserved', '0', 'inbox', ARGV[14] or '',
+  'seqs', int(math.max(1, tonumber(ARGV[17] or '1') or 1)))
 if (ARGV[16] or '') ~= '' then redis.call('HSET', k_job(job_id), 'summary', ARGV[16]) end
 redis.call('ZADD', k_waiting(), fmt(deadline), job_id)
 redis.call('SADD', k_pools(), pool)

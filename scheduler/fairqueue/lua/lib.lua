@@ -156,13 +156,21 @@ local function token_charge(job, prompt_tokens, completion_tokens)
   return (prompt_tokens + 2 * completion_tokens) / weight
 end
 
+-- The engine's seats a job takes: one per sequence it runs (n samples of each of its
+-- prompts; a job from before `seqs` existed takes one).
+local function seats(job)
+  local n = num(job.seqs)
+  if n < 1 then return 1 end
+  return n
+end
+
 -- Gives back everything a running job holds: its bytes on the tenant and the engine, its
--- seat on the engine, its lease.
+-- seats on the engine, its lease.
 local function give_back(job_id, job)
   local reserved = num(job.reserved)
   redis.call('HINCRBY', k_tenant_use(job.tenant), 'reserved', int(-reserved))
   redis.call('HINCRBY', k_engine_use(job.engine), 'reserved', int(-reserved))
-  redis.call('HINCRBY', k_engine_use(job.engine), 'inflight', -1)
+  redis.call('HINCRBY', k_engine_use(job.engine), 'inflight', -seats(job))
   redis.call('ZREM', k_inflight(), job_id)
 end
 
@@ -217,7 +225,7 @@ end
 -- released, cancelled, requeued) or whose attempt is not the one given ('' = any; a stale
 -- worker after a reap) is left alone. Returns 1 when released, 0 when it was a no-op.
 local RELEASE_FIELDS = {'state', 'attempt', 'reserved', 'tenant', 'engine', 'pool', 'cls',
-                        'charged', 'charge_weight'}
+                        'charged', 'charge_weight', 'seqs'}
 local function release_job(job_id, prompt_tokens, completion_tokens, attempt)
   -- Only what releasing needs: the job's payload can be large.
   local values = redis.call('HMGET', k_job(job_id), unpack(RELEASE_FIELDS))
@@ -292,7 +300,9 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
       ', not ' .. pool)
   end
   usage = usage or hgetall(k_engine_use(engine_id))
-  -- Its seats, and the requests it may hold waiting in its own queue (EnginePolicy).
+  -- Its seats, and the sequences it may hold waiting in its own queue (EnginePolicy). A job
+  -- of several sequences is picked while one seat is free and takes as many as it runs: one
+  -- that waited for all of them could wait for ever behind jobs of one.
   if num(usage.inflight) >= num(engine.max_num_seqs) + num(engine.queued) then return nil end
   local free_bytes = num(engine.kv_budget_bytes) - num(usage.reserved)
   local offline_open = num(engine.load) < num(engine.offline_load_threshold)
@@ -373,7 +383,7 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
   local cost = num(job.kv_bytes)
   redis.call('HINCRBY', k_tenant_use(tenant), 'reserved', int(cost))
   redis.call('HINCRBY', k_engine_use(engine_id), 'reserved', int(cost))
-  redis.call('HINCRBY', k_engine_use(engine_id), 'inflight', 1)
+  redis.call('HINCRBY', k_engine_use(engine_id), 'inflight', seats(job))
   local attempt = num(job.attempt) + 1
   local lease_deadline = NOW + lease_s
   job.state, job.engine, job.attempt = 'running', engine_id, int(attempt)
