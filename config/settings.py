@@ -297,6 +297,9 @@ GPUSHARE_COUNT_PROMPTS_ABOVE_TOKENS = env_int("GPUSHARE_COUNT_PROMPTS_ABOVE_TOKE
 # past it a request is refused with 429, so that one tenant's flood cannot fill Redis and the
 # web with waiting requests.
 GPUSHARE_TENANT_MAX_WAITING = env_int("GPUSHARE_TENANT_MAX_WAITING", 1024)
+# The most sequences one request may run: n samples of each of its prompts (a completion's
+# prompt may be a list). Each takes an engine seat and its own KV reservation.
+GPUSHARE_MAX_SEQUENCES_PER_REQUEST = env_int("GPUSHARE_MAX_SEQUENCES_PER_REQUEST", 64)
 # How long a request's body may take to arrive whole (config/body_deadline.py): a 200 MB
 # batch upload needs 2 MB/s to make it.
 GPUSHARE_BODY_TIMEOUT_S = env_float("GPUSHARE_BODY_TIMEOUT_S", 120.0)

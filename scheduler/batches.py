@@ -46,9 +46,11 @@ from scheduler.inference import (
     InferenceRequest,
     InvalidRequest,
     parse_inference_request,
+    request_tokens,
     reserved_prompt_tokens,
+    split_prompts,
 )
-from scheduler.kvcost import kv_cost_bytes
+from scheduler.kvcost import kv_cost_bytes_of
 from scheduler.models import (
     ACTIVE_BATCH_STATUSES,
     UNFINISHED_LINE_STATES,
@@ -217,7 +219,9 @@ def _validate_body(
     enabled: Collection[str],
 ) -> ParsedLine | LineError:
     try:
-        request = parse_inference_request(endpoint, body, enabled)
+        request = parse_inference_request(
+            endpoint, body, enabled, settings.GPUSHARE_MAX_SEQUENCES_PER_REQUEST
+        )
     except InvalidRequest as exc:
         param = f"body.{exc.param}" if exc.param else "body"
         return LineError(number, "invalid_request", exc.message, param)
@@ -633,11 +637,12 @@ class _Feeder:
             return True  # no ready engine of this model now: its lines wait
         endpoint = ENDPOINTS_BY_PATH[self.batch.endpoint]
         enabled = self.batch.tenant.enabled_fields
-        requests = [parse_inference_request(endpoint, line.body, enabled) for line in lines]
+        most = settings.GPUSHARE_MAX_SEQUENCES_PER_REQUEST
+        requests = [parse_inference_request(endpoint, line.body, enabled, most) for line in lines]
         # A byte bound, not the engine's /tokenize: a busy engine answered a window's counts
         # in 1-2.5 s (measured), stalling the feed while the window drained. The real counts
         # are charged when each line ends.
-        counts = [reserved_prompt_tokens(request) for request in requests]
+        counts = [[reserved_prompt_tokens(p) for p in split_prompts(r)] for r in requests]
         try:
             for line, request, prompt_tokens in zip(lines, requests, counts, strict=True):
                 if not self._feed_line(line, request, prompt_tokens, route):
@@ -647,16 +652,19 @@ class _Feeder:
             self.flush()
 
     def _feed_line(
-        self, line: BatchLine, request: InferenceRequest, prompt_tokens: int, route: Route
+        self, line: BatchLine, request: InferenceRequest, prompt_tokens: list[int], route: Route
     ) -> bool:
         try:
-            max_tokens = bounded_max_tokens(request, prompt_tokens, route.engine.max_model_len)
+            longest = max(prompt_tokens)
+            max_tokens = bounded_max_tokens(request, longest, route.engine.max_model_len)
         except ContextTooLong as exc:
             _finish_unrun(line, 400, exc.code or "context_length_exceeded", exc.message, exc.param)
             return True
         tenant = self.batch.tenant
         try:
-            admission = limits_admit(tenant=tenant, estimated_tokens=prompt_tokens + max_tokens)
+            admission = limits_admit(
+                tenant=tenant, estimated_tokens=request_tokens(request, prompt_tokens, max_tokens)
+            )
         except RateLimited:
             return False  # rpm/tpm: the batch pauses until the next tick
         except BudgetExhausted:
@@ -686,13 +694,15 @@ class _Feeder:
             "tenant": tenant.slug,
             "pool": route.pool,
             "request_class": RequestClass.OFFLINE,
-            "prompt_tokens": prompt_tokens,
-            "max_tokens": max_tokens,
+            "prompt_tokens": sum(prompt_tokens),
+            "max_tokens": max_tokens * request.sequences,
+            "seqs": request.sequences,
             "job_id": job_id,
-            "kv_bytes": kv_cost_bytes(
+            "kv_bytes": kv_cost_bytes_of(
                 bytes_per_token=route.kv_bytes_per_token,
                 prompt_tokens=prompt_tokens,
                 max_tokens=max_tokens,
+                n=request.n,
                 block_size=route.engine.block_size,
             ),
             "payload": wire.dumps(payload),

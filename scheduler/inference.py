@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from config import wire
@@ -26,7 +26,13 @@ ENDPOINT_PATHS: dict[Endpoint, str] = {
 }
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 # Fields that are the platform's, not the engine's: they are removed before forwarding.
-PLATFORM_FIELDS = ("request_class",)
+PLATFORM_FIELDS = ("request_class", "service_tier")
+# OpenAI's service tiers. `flex` and `priority` choose a request class (TIER_CLASSES); the
+# others leave the choice to the key's default.
+SERVICE_TIERS = ("auto", "default", "flex", "scale", "priority")
+# The sequences one request may run (n samples of each of its prompts) unless the caller
+# says otherwise (GPUSHARE_MAX_SEQUENCES_PER_REQUEST).
+DEFAULT_MAX_SEQUENCES = 64
 # Per-message overhead of chat templates (role markers, separators), for the fallback bound.
 CHAT_TEMPLATE_OVERHEAD_TOKENS = 8
 
@@ -50,17 +56,29 @@ class InferenceRequest:
     include_usage: bool
     max_tokens: int | None  # as asked; None = up to the model's length
     request_class: str | None  # asked in the body; the header or the key decide otherwise
+    n: int = 1  # samples of each prompt
+    prompts: int = 1  # a completion's prompts (a list of them); a chat has one
+    service_tier: str | None = None  # OpenAI's; see TIER_CLASSES
 
     @property
     def path(self) -> str:
         return ENDPOINT_PATHS[self.endpoint]
 
+    @property
+    def sequences(self) -> int:
+        """What the engine runs for it: n samples of each prompt, one sequence each."""
+        return self.n * self.prompts
+
 
 def parse_inference_request(
-    endpoint: Endpoint, body: Any, enabled: Collection[str] = ()
+    endpoint: Endpoint,
+    body: Any,
+    enabled: Collection[str] = (),
+    max_sequences: int = DEFAULT_MAX_SEQUENCES,
 ) -> InferenceRequest:
     """The request as the platform runs it, or InvalidRequest naming the field at fault.
-    `enabled`: the optional fields its tenant may send (scheduler/request_fields.py)."""
+    `enabled`: the optional fields its tenant may send (scheduler/request_fields.py);
+    `max_sequences`: the most sequences (n x prompts) it may run."""
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     _check_unicode(body)
@@ -73,8 +91,17 @@ def parse_inference_request(
         raise InvalidRequest(message, param=field)
     if endpoint == "chat":
         _check_messages(body.get("messages"))
+        prompts = 1
     else:
-        _check_prompt(body.get("prompt"))
+        prompts = len(_prompt_list(body.get("prompt")))
+    n = _samples(body)
+    if n * prompts > max_sequences:
+        raise InvalidRequest(
+            f"This request runs {n * prompts} sequences (n={n} for each of {prompts} "
+            f"prompts); the most one request may run is {max_sequences}. Split it, or use "
+            "the Batch API.",
+            param="n" if prompts == 1 else "prompt",
+        )
     max_tokens = _max_tokens(body)
     _check_sampling(body)
     stream = _optional_bool(body, "stream") or False
@@ -85,6 +112,12 @@ def parse_inference_request(
             f"Unknown request_class {request_class!r}; use one of {', '.join(REQUEST_CLASSES)}.",
             param="request_class",
         )
+    service_tier = body.get("service_tier")
+    if service_tier is not None and service_tier not in SERVICE_TIERS:
+        raise InvalidRequest(
+            f"Unknown service_tier {service_tier!r}; use one of {', '.join(SERVICE_TIERS)}.",
+            param="service_tier",
+        )
     forwarded = {k: v for k, v in body.items() if k not in PLATFORM_FIELDS}
     return InferenceRequest(
         endpoint=endpoint,
@@ -94,7 +127,29 @@ def parse_inference_request(
         include_usage=include_usage,
         max_tokens=max_tokens,
         request_class=request_class,
+        n=n,
+        prompts=prompts,
+        service_tier=service_tier,
     )
+
+
+# The request class a service tier asks for, in order of preference: the first the tenant
+# may send wins; none (or a tier not listed) leaves the class to the key's default. `flex`
+# is OpenAI's "cheaper, slower, when there is room": offline work, picked while the engines
+# have room for it; `priority` is interactive, where allowed (else the default, as OpenAI
+# serves a priority request of an account without it).
+TIER_CLASSES: dict[str, tuple[str, ...]] = {
+    "flex": ("offline", "standard"),
+    "priority": ("interactive",),
+}
+
+
+def tier_class(service_tier: str | None, allowed: Collection[str]) -> str | None:
+    """The request class a service tier chooses among the classes a tenant may send."""
+    for request_class in TIER_CLASSES.get(service_tier or "", ()):
+        if request_class in allowed:
+            return request_class
+    return None
 
 
 def _check_unicode(body: dict[str, Any]) -> None:
@@ -125,20 +180,45 @@ def _check_messages(messages: Any) -> None:
             )
 
 
-def _check_prompt(prompt: Any) -> None:
+def _prompt_list(prompt: Any) -> list[str | list[int]]:
+    """A completion's prompts, one item each: OpenAI takes a string, an array of token ids,
+    or an array of either (lm-evaluation-harness sends its batches so)."""
     if isinstance(prompt, str):
-        return
-    if isinstance(prompt, list) and prompt and all(_is_token_id(t) for t in prompt):
-        return
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return
-    if isinstance(prompt, list) and len(prompt) > 1:
-        raise InvalidRequest(
-            "Send one prompt per request (a string or one array of token ids); "
-            "use the Batch API for many.",
-            param="prompt",
-        )
-    raise InvalidRequest("'prompt' must be a string or an array of token ids.", param="prompt")
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(_is_token_id(t) for t in prompt):
+            return [prompt]
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in prompt):
+            return list(prompt)
+    raise InvalidRequest(
+        "'prompt' must be a string, an array of token ids, or a non-empty array of strings or "
+        "of token id arrays.",
+        param="prompt",
+    )
+
+
+def split_prompts(request: InferenceRequest) -> list[InferenceRequest]:
+    """The request as one request per prompt, each counted and bounded alone (a chat, or a
+    completion of one prompt as a string or token ids, is itself). Only for counting: the
+    engine gets the request whole."""
+    if request.endpoint != "completions":
+        return [request]
+    prompt = request.body["prompt"]
+    prompts = _prompt_list(prompt)
+    if len(prompts) == 1 and prompts[0] is prompt:
+        return [request]
+    return [replace(request, body={**request.body, "prompt": p}, prompts=1) for p in prompts]
+
+
+def _samples(body: dict[str, Any]) -> int:
+    n = body.get("n")
+    if n is None:
+        return 1
+    if not _is_token_id(n) or n < 1:
+        raise InvalidRequest("'n' must be a positive integer.", param="n")
+    return int(n)
 
 
 def _is_token_id(value: Any) -> bool:
@@ -154,9 +234,6 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
         if not _is_token_id(value) or value < 1:
             raise InvalidRequest(f"'{field}' must be a positive integer.", param=field)
         asked = value if asked is None else min(asked, value)
-    n = body.get("n", 1)
-    if n is not None and n != 1:
-        raise InvalidRequest("Only n=1 is supported: send one request per choice.", param="n")
     return asked
 
 
@@ -265,10 +342,20 @@ def bounded_prompt_tokens(request: InferenceRequest, max_model_len: int, limit: 
 
 def upper_token_estimate(request: InferenceRequest, max_model_len: int) -> int:
     """At least the tokens (prompt and completion) the request can be admitted for, before
-    the engine has counted its prompt: the prompt's upper bound (`reserved_prompt_tokens`)
-    and what it asks for, never above the model's length, which no admitted request passes."""
+    the engine has counted its prompt: for each prompt, its upper bound
+    (`reserved_prompt_tokens`) and what each of its n samples asks for, no sample above the
+    model's length, which no admitted request passes."""
     asked = request.max_tokens if request.max_tokens is not None else max_model_len
-    return min(reserved_prompt_tokens(request) + asked, max_model_len)
+    first = sum(
+        min(reserved_prompt_tokens(p) + asked, max_model_len) for p in split_prompts(request)
+    )
+    return first + (request.n - 1) * request.prompts * min(asked, max_model_len)
+
+
+def request_tokens(request: InferenceRequest, prompt_tokens: Sequence[int], max_tokens: int) -> int:
+    """The most tokens the request can use, its prompts counted: each prompt once (as the
+    engine's usage counts it) and `max_tokens` for each of its sequences."""
+    return sum(prompt_tokens) + request.sequences * max_tokens
 
 
 def reserved_prompt_tokens(request: InferenceRequest) -> int:

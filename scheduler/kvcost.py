@@ -10,7 +10,7 @@ always cancel out in Redis); reports show the same amounts as fractions of 256 M
 """
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,6 +146,30 @@ def kv_cost_bytes(
         raise ValueError("token counts cannot be negative")
     blocks = tokens_to_blocks(prompt_tokens + max_tokens, block_size=block_size)
     return blocks * block_size * bytes_per_token
+
+
+def kv_cost_bytes_of(
+    *,
+    bytes_per_token: int,
+    prompt_tokens: Sequence[int],
+    max_tokens: int,
+    n: int = 1,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> int:
+    """Bytes of KV cache a request of several sequences reserves: each prompt's worst case,
+    for each of its n samples. The engine may share a prompt's blocks between its samples
+    (prefix caching), but need not: the reservation does not count on it."""
+    if n < 1:
+        raise ValueError("a request runs at least one sample of each prompt")
+    return n * sum(
+        kv_cost_bytes(
+            bytes_per_token=bytes_per_token,
+            prompt_tokens=prompt,
+            max_tokens=max_tokens,
+            block_size=block_size,
+        )
+        for prompt in prompt_tokens
+    )
 
 
 def kv_cost_units(

@@ -45,10 +45,13 @@ from scheduler.inference import (
     InferenceRequest,
     bounded_prompt_tokens,
     prompt_token_bound,
+    request_tokens,
+    split_prompts,
+    tier_class,
     tokenize_request_body,
     upper_token_estimate,
 )
-from scheduler.kvcost import kv_cost_bytes
+from scheduler.kvcost import kv_cost_bytes_of
 from scheduler.models import Engine
 from scheduler.pools import (
     Route,
@@ -167,7 +170,12 @@ def _prepare(
     thread when one of them must be read again (see `_here_or_in_thread`)."""
     api_key = api_key or authenticate_bearer(authorization)
     tenant = api_key.tenant
-    request_class = class_header or request.request_class or api_key.default_class
+    request_class = (
+        class_header
+        or request.request_class
+        or tier_class(request.service_tier, tenant.allowed_classes)
+        or api_key.default_class
+    )
     if request_class not in ("interactive", "standard", "offline"):
         raise BadRequest(f"Unknown request class {request_class!r}.", param="X-Request-Class")
     if not tenant.allows_class(request_class):
@@ -244,7 +252,8 @@ def _loop_state() -> _LoopState:
 def known_prompt_tokens(request: InferenceRequest, engine: Engine) -> int | None:
     """The prompt's tokens when no engine needs to count them: token-id prompts are their
     own count; a short text prompt's byte bound plus a margin stands in for its count (see
-    `bounded_prompt_tokens`). None: ask the engine (`count_prompt_tokens`)."""
+    `bounded_prompt_tokens`). None: ask the engine (`count_prompt_tokens`). For a request of
+    one prompt (`split_prompts`)."""
     # Only a completion's prompt is its prompt: the chat endpoint ignores a `prompt` field
     # and runs its messages, which must be counted whatever else the body carries.
     prompt = request.body.get("prompt") if request.endpoint == "completions" else None
@@ -275,7 +284,21 @@ async def count_prompt_tokens(request: InferenceRequest, engine: Engine) -> int:
     return prompt_token_bound(request)
 
 
+async def count_prompts(parts: list[InferenceRequest], engine: Engine) -> list[int]:
+    """Each prompt's tokens (`parts`: the request's `split_prompts`): known ones at once,
+    the others counted by the engine side by side (`/tokenize` counts one prompt a call)."""
+    counts = [known_prompt_tokens(part, engine) for part in parts]
+    unknown = [i for i, count in enumerate(counts) if count is None]
+    if unknown:
+        counted = await asyncio.gather(*(count_prompt_tokens(parts[i], engine) for i in unknown))
+        for i, count in zip(unknown, counted, strict=True):
+            counts[i] = count
+    return [count for count in counts if count is not None]
+
+
 def bounded_max_tokens(request: InferenceRequest, prompt_tokens: int, max_model_len: int) -> int:
+    """`max_tokens` as run: as asked, or what the model's length leaves the prompt (the
+    longest, for a list of prompts); ContextTooLong when nothing is left."""
     room = max_model_len - prompt_tokens
     if room < 1 or (request.max_tokens is not None and request.max_tokens > room):
         asked = request.max_tokens if request.max_tokens is not None else 1
@@ -291,7 +314,7 @@ def bounded_max_tokens(request: InferenceRequest, prompt_tokens: int, max_model_
 
 async def _enqueue(
     prepared: _Prepared,
-    prompt_tokens: int,
+    prompt_tokens: list[int],
     max_tokens: int,
     admission: Admission,
     received_at: float,
@@ -316,18 +339,20 @@ async def _enqueue(
         "admission": vars(admission),  # flat fields: no deep copy, as asdict makes
         "received_at": received_at,
     }
-    kv_bytes = kv_cost_bytes(
+    kv_bytes = kv_cost_bytes_of(
         bytes_per_token=route.kv_bytes_per_token,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
+        n=request.n,
         block_size=engine.block_size,
     )
     job_fields: dict[str, Any] = {
         "tenant": tenant.slug,
         "pool": route.pool,
         "request_class": prepared.request_class,
-        "prompt_tokens": prompt_tokens,
-        "max_tokens": max_tokens,
+        "prompt_tokens": sum(prompt_tokens),
+        "max_tokens": max_tokens * request.sequences,
+        "seqs": request.sequences,
         "kv_bytes": kv_bytes,
         "payload": wire.dumps(payload),
         "job_id": job_id,
@@ -439,21 +464,22 @@ async def admit(
     engine, state = prepared.route.engine, _loop_state()
     # Before the limits count the request: a policy not yet cached is written first.
     await _here_or_in_thread(_sync_policy, prepared.api_key, state.queue.queue)
-    prompt_tokens = known_prompt_tokens(request, engine)
-    if prompt_tokens is None:
-        # The engine counts this prompt: the limits count the request first, for an upper
-        # bound of its tokens (settled to the real ones when it ends), so that a tenant over
-        # its limits never makes the engine work.
+    parts = split_prompts(request)
+    if len(parts) == 1 and (known := known_prompt_tokens(parts[0], engine)) is not None:
+        prompt_tokens = [known]
+        max_tokens = bounded_max_tokens(request, known, engine.max_model_len)
+        admission = await _count(prepared, request_tokens(request, prompt_tokens, max_tokens))
+    else:
+        # The engine counts a prompt: the limits count the request first, for an upper bound
+        # of its tokens (settled to the real ones when it ends), so that a tenant over its
+        # limits never makes the engine work.
         admission = await _count(prepared, upper_token_estimate(request, engine.max_model_len))
         try:
-            prompt_tokens = await count_prompt_tokens(request, engine)
-            max_tokens = bounded_max_tokens(request, prompt_tokens, engine.max_model_len)
+            prompt_tokens = await count_prompts(parts, engine)
+            max_tokens = bounded_max_tokens(request, max(prompt_tokens), engine.max_model_len)
         except DomainError:
             await _give_back(admission)
             raise
-    else:
-        max_tokens = bounded_max_tokens(request, prompt_tokens, engine.max_model_len)
-        admission = await _count(prepared, prompt_tokens + max_tokens)
     try:
         return await _enqueue(prepared, prompt_tokens, max_tokens, admission, received_at)
     except DomainError:  # nothing was queued: the request's tokens are given back

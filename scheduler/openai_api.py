@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from django.conf import settings
 from django.db import DatabaseError
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
@@ -234,7 +235,12 @@ async def inference(
     (scheduler/request_fields.py) are allowed."""
     enabled = api_key.tenant.enabled_fields if api_key is not None else ()
     try:
-        parsed = parse_inference_request(endpoint, online.parse_json_body(body), enabled)
+        parsed = parse_inference_request(
+            endpoint,
+            online.parse_json_body(body),
+            enabled,
+            settings.GPUSHARE_MAX_SEQUENCES_PER_REQUEST,
+        )
         admitted = await online.admit(
             authorization=headers.get("authorization", ""),
             request=parsed,

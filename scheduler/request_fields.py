@@ -137,7 +137,7 @@ COMMON_FIELDS: dict[str, Check] = {
     "model": _any, "max_tokens": _any, "n": _any, "stream": _any, "stream_options":
     _stream_options, "temperature": _any, "top_p": _any, "presence_penalty": _any,
     "frequency_penalty": _any, "seed": _any, "stop": _stop, "user": _text(MAX_USER_CHARS),
-    "logit_bias": _logit_bias, "request_class": _any,
+    "logit_bias": _logit_bias, "request_class": _any, "service_tier": _any,
     # vLLM's sampling extras that cost nothing outside the request's own KV.
     "top_k": _int_in(-1, 1_000_000), "min_p": _number_in(0, 1),
     "repetition_penalty": _number_in(0, 2, low_open=True), "ignore_eos": _bool,

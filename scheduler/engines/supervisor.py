@@ -437,7 +437,9 @@ def engine_stop(
         # Said in the row first, so that a crash check that sees the process gone from here
         # on knows it is stopping, not failed.
         engine_set_status(
-            engine=engine, status=engine.status, detail=f"{STOPPING_DETAIL} {engine.pid}"
+            engine=engine,
+            status=EngineStatus(engine.status),
+            detail=f"{STOPPING_DETAIL} {engine.pid}",
         )
         on_progress(f"{engine.name}: stopping process {engine.pid}")
         graceful = process.terminate(engine.pid, timeout_s=timeouts.stop_s)

@@ -217,3 +217,41 @@ def test_get_on_an_inference_endpoint_is_refused_cleanly(platform_server, path):
     )
     assert response.status_code in (400, 405)
     assert "error" in response.json()
+
+
+def test_n_samples_and_a_list_of_prompts_are_served_and_charged_whole(platform_server):
+    slug, key = make_tenant(platform_server)
+    client = client_for(platform_server, key)
+    # lm-evaluation-harness's `local-completions` with batch_size > 1: a list of prompts.
+    listed = client.completions.create(
+        model=MODEL, prompt=["one", "two words", "and three words"], max_tokens=4, n=2,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert sorted(c.index for c in listed.choices) == list(range(6))
+    assert listed.usage is not None
+    assert listed.usage.completion_tokens == 6 * 4
+    samples = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "pick a number"}], max_tokens=3,
+        n=3, stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    chunks = list(samples)
+    assert {c.choices[0].index for c in chunks if c.choices} == {0, 1, 2}
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 3 * 3
+    rows = wait_for(lambda: (r := usage_rows(platform_server, slug)) and len(r) == 2 and r)
+    assert sorted(r["completion_tokens"] for r in rows) == [9, 24]
+    assert {r["outcome"] for r in rows} == {"success"}
+    report = scheduler_check(platform_server)
+    assert "no drift" in report, report
+
+
+def test_a_flex_service_tier_runs_as_offline_work(platform_server):
+    slug, key = make_tenant(platform_server)
+    client = client_for(platform_server, key)
+    answer = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "whenever"}], max_tokens=4,
+        service_tier="flex",
+    )  # fmt: skip
+    assert answer.choices
+    rows = wait_for(lambda: usage_rows(platform_server, slug))
+    assert rows[0]["request_class"] == "offline"

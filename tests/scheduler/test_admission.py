@@ -336,3 +336,46 @@ def test_a_client_that_leaves_while_its_job_is_being_queued_leaves_no_job_behind
     assert job is not None
     assert job.state == "cancelled"
     assert job_ids[0] not in queued_ids()
+
+
+def test_several_prompts_and_samples_are_reserved_as_that_many_sequences(bearer, tokenizer):
+    from scheduler.kvcost import kv_cost_bytes, kv_shape_from_config
+
+    tenant = tenant_update(tenant=Tenant.objects.get(slug="acme"), tpm_limit=100_000)
+    request = parse_inference_request(
+        "completions",
+        {"model": MODEL, "prompt": ["one prompt", "another", "a third"], "n": 2, "max_tokens": 8},
+    )
+    admitted = asyncio.run(online.admit(authorization=bearer, request=request, class_header=""))
+    job = fair_queue().get_job(admitted.job.job_id)
+    assert job is not None
+    # The engine counts each prompt: 40 tokens each, one call apiece.
+    assert sorted(call["prompt"] for call in tokenizer.calls) == [
+        "a third",
+        "another",
+        "one prompt",
+    ]
+    assert (job.prompt_tokens, job.seqs, job.max_tokens) == (3 * 40, 6, 6 * 8)
+    per_token = kv_shape_from_config(MODEL_CONFIG).bytes_per_token
+    one = kv_cost_bytes(bytes_per_token=per_token, prompt_tokens=40, max_tokens=8)
+    assert job.kv_bytes == 2 * 3 * one
+    # Counted for an upper bound first, at least what the request can use.
+    assert tokens_counted(tenant) >= 3 * 40 + 6 * 8
+
+
+def test_a_service_tier_chooses_the_class_among_those_the_tenant_may_send(bearer):
+    def admitted_class(tier: str) -> str:
+        request = parse_inference_request(
+            "chat",
+            {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+             "service_tier": tier},
+        )  # fmt: skip
+        admitted = asyncio.run(online.admit(authorization=bearer, request=request, class_header=""))
+        assert "service_tier" not in admitted.call["body"]
+        return admitted.job.request_class
+
+    tenant = Tenant.objects.get(slug="acme")
+    tenant_update(tenant=tenant, allowed_classes=["standard", "offline"])
+    assert admitted_class("flex") == "offline"
+    assert admitted_class("priority") == "standard"  # not allowed: the key's default
+    assert admitted_class("default") == "standard"

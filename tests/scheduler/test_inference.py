@@ -11,7 +11,11 @@ from scheduler.inference import (
     bounded_prompt_tokens,
     parse_inference_request,
     prompt_token_bound,
+    request_tokens,
+    split_prompts,
+    tier_class,
     tokenize_request_body,
+    upper_token_estimate,
 )
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -50,7 +54,10 @@ def test_max_completion_tokens_and_max_tokens_take_the_smaller():
         ({**CHAT, "temperature": 3}, "temperature"),
         ({**CHAT, "temperature": float("nan")}, "temperature"),
         ({**CHAT, "top_p": "high"}, "top_p"),
-        ({**CHAT, "n": 2}, "n"),
+        ({**CHAT, "n": 0}, "n"),
+        ({**CHAT, "n": 1.5}, "n"),
+        ({**CHAT, "n": 65}, "n"),
+        ({**CHAT, "service_tier": "gold"}, "service_tier"),
         ({**CHAT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({**CHAT, "seed": 1.5}, "seed"),
         ({**CHAT, "stream": "yes"}, "stream"),
@@ -66,12 +73,21 @@ def test_bad_chat_fields_are_refused_naming_the_field(body, param):
     assert caught.value.param == param
 
 
-@pytest.mark.parametrize("prompt", ["text", ["text"], [1, 2, 3]])
-def test_completions_take_one_prompt(prompt):
-    assert parse_inference_request("completions", {"model": "m", "prompt": prompt}).body["prompt"]
+@pytest.mark.parametrize(
+    ("prompt", "count"),
+    [("text", 1), (["text"], 1), ([1, 2, 3], 1), (["a", "b"], 2), ([[1, 2], [3]], 2), ([[1]], 1)],
+)
+def test_completions_take_a_prompt_or_a_list_of_them(prompt, count):
+    request = parse_inference_request("completions", {"model": "m", "prompt": prompt, "n": 3})
+    assert request.body["prompt"] == prompt  # the engine gets the list whole
+    assert (request.prompts, request.n, request.sequences) == (count, 3, 3 * count)
+    parts = split_prompts(request)
+    assert len(parts) == count
+    assert all(isinstance(part.body["prompt"], str | list) for part in parts)
+    assert all(prompt_token_bound(part) >= 1 for part in parts)
 
 
-@pytest.mark.parametrize("prompt", [None, 5, [], ["a", "b"], [1, "a"], [-1]])
+@pytest.mark.parametrize("prompt", [None, 5, [], [1, "a"], [-1], ["a", [1]], [[]], [[1], []]])
 def test_completions_refuse_other_prompts(prompt):
     with pytest.raises(InvalidRequest) as caught:
         parse_inference_request("completions", {"model": "m", "prompt": prompt})
@@ -327,3 +343,48 @@ def test_a_field_an_operator_enabled_for_the_tenant_is_taken_within_its_bounds()
     assert bounded.value.param == "prompt_logprobs"
     echo = {"model": "m", "prompt": "hi", "echo": True, "logprobs": 1}
     assert parse_inference_request("completions", echo, ["prompt_logprobs"]).body == echo
+
+
+def test_a_request_of_more_sequences_than_allowed_is_refused_naming_what_to_lower() -> None:
+    body = {"model": "m", "prompt": ["a"] * 5, "n": 4}
+    with pytest.raises(InvalidRequest, match="20 sequences") as caught:
+        parse_inference_request("completions", body, max_sequences=16)
+    assert caught.value.param == "prompt"
+    assert parse_inference_request("completions", body, max_sequences=20).sequences == 20
+    with pytest.raises(InvalidRequest) as caught:
+        parse_inference_request("chat", {**CHAT, "n": 17}, max_sequences=16)
+    assert caught.value.param == "n"
+
+
+def test_tokens_of_several_sequences_count_each_prompt_once_and_each_sample() -> None:
+    request = parse_inference_request(
+        "completions", {"model": "m", "prompt": ["ab", "cdef"], "n": 3, "max_tokens": 10}
+    )
+    assert request_tokens(request, [2, 4], 10) == 2 + 4 + 6 * 10
+    # Before the engine counts: each prompt's byte bound (its bytes, one special token, the
+    # margin) with one sample's tokens, then the other samples' tokens.
+    bounds = (2 + 1 + BOUND_MARGIN_TOKENS) + (4 + 1 + BOUND_MARGIN_TOKENS)
+    assert upper_token_estimate(request, 2048) == bounds + 2 * 10 + 2 * 2 * 10
+    assert upper_token_estimate(request, 2048) >= request_tokens(request, [2, 4], 10)
+
+
+@pytest.mark.parametrize(
+    ("tier", "allowed", "expected"),
+    [
+        ("flex", ("standard", "offline"), "offline"),
+        ("flex", ("standard",), "standard"),
+        ("priority", ("interactive", "standard"), "interactive"),
+        ("priority", ("standard", "offline"), None),  # the key's default, as OpenAI does
+        ("default", ("interactive",), None),
+        ("auto", ("interactive",), None),
+        (None, ("interactive",), None),
+    ],
+)
+def test_service_tiers_choose_a_class_the_tenant_may_send(tier, allowed, expected) -> None:
+    assert tier_class(tier, allowed) == expected
+
+
+def test_service_tier_is_the_platforms_and_never_reaches_the_engine() -> None:
+    request = parse_inference_request("chat", {**CHAT, "service_tier": "flex"})
+    assert request.service_tier == "flex"
+    assert "service_tier" not in request.body

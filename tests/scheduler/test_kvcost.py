@@ -11,6 +11,7 @@ from scheduler.kvcost import (
     ModelConfigError,
     kv_bytes_per_token,
     kv_cost_bytes,
+    kv_cost_bytes_of,
     kv_cost_units,
     kv_shape_from_config,
     tokens_per_unit,
@@ -160,3 +161,15 @@ def test_an_unknown_dtype_is_refused(tmp_path: Path) -> None:
 def test_a_config_without_layers_is_refused() -> None:
     with pytest.raises(ModelConfigError, match="num_hidden_layers"):
         kv_shape_from_config({"num_attention_heads": 2, "hidden_size": 128})
+
+
+def test_a_request_of_several_sequences_reserves_each_prompt_for_each_sample() -> None:
+    one = kv_cost_bytes(bytes_per_token=100, prompt_tokens=10, max_tokens=7, block_size=16)
+    two = kv_cost_bytes(bytes_per_token=100, prompt_tokens=30, max_tokens=7, block_size=16)
+    assert (one, two) == (3200, 4800)  # whole blocks each: 17 tokens -> 2 blocks, 37 -> 3
+    got = kv_cost_bytes_of(
+        bytes_per_token=100, prompt_tokens=[10, 30], max_tokens=7, n=3, block_size=16
+    )
+    assert got == 3 * (one + two)
+    with pytest.raises(ValueError, match="at least one sample"):
+        kv_cost_bytes_of(bytes_per_token=100, prompt_tokens=[10], max_tokens=7, n=0)
