@@ -42,6 +42,7 @@ from scheduler.fairqueue.queue import FairQueue
 from scheduler.files import file_create, file_get, file_path
 from scheduler.inference import (
     ENDPOINT_PATHS,
+    GENERATION_ENDPOINTS,
     Endpoint,
     InferenceRequest,
     InvalidRequest,
@@ -59,6 +60,7 @@ from scheduler.models import (
     BatchStatus,
     BatchStop,
     Engine,
+    EngineTask,
     FilePurpose,
     LineState,
 )
@@ -359,18 +361,29 @@ def batch_create(
     return batch
 
 
-def _model_check(tenant: Tenant) -> ModelCheck:
+def _model_check(tenant: Tenant, endpoint_path: str) -> ModelCheck:
+    """The refusal of a line's model: one the tenant may not use, one no engine serves, or
+    one whose engines do not serve the batch's endpoint (embeddings or text generation)."""
     known: dict[str, tuple[str, str] | None] = {}
+    task = (
+        EngineTask.EMBED if endpoint_path == ENDPOINT_PATHS["embeddings"] else EngineTask.GENERATE
+    )
 
     def check(model: str) -> tuple[str, str] | None:
         if model not in known:
+            engines = Engine.objects.filter(served_model_name=model)
             if not tenant.allows_model(model):
                 known[model] = (
                     "model_not_allowed",
                     f"Tenant '{tenant.slug}' may not use model '{model}'.",
                 )
-            elif not Engine.objects.filter(served_model_name=model).exists():
+            elif not engines.exists():
                 known[model] = ("model_not_found", f"The model '{model}' does not exist.")
+            elif not engines.filter(task=task).exists():
+                known[model] = (
+                    "model_not_supported",
+                    f"The model '{model}' does not support {endpoint_path}.",
+                )
             else:
                 known[model] = None
         return known[model]
@@ -398,7 +411,7 @@ def _validate_batch(batch: Batch, now: datetime) -> None:
         read_lines(path),
         endpoint_path=batch.endpoint,
         max_lines=settings.GPUSHARE_BATCH_MAX_LINES,
-        model_check=_model_check(batch.tenant),
+        model_check=_model_check(batch.tenant, batch.endpoint),
         enabled=batch.tenant.enabled_fields,
     )
     if not validation.ok:
@@ -671,8 +684,10 @@ class _Feeder:
             self.flush()  # lines fed so far are queued, not stopped with the pending ones
             _stop(self.batch, BatchStop.BUDGET, self.now)
             return False
-        body = {**request.body, "max_tokens": max_tokens}
-        body.pop("max_completion_tokens", None)
+        body = request.body
+        if request.endpoint in GENERATION_ENDPOINTS:
+            body = {**body, "max_tokens": max_tokens}
+            body.pop("max_completion_tokens", None)
         job_id = line_job_id(self.batch, line)
         payload = {
             "endpoint": request.endpoint,

@@ -19,11 +19,15 @@ from config import wire
 from scheduler.request_classes import REQUEST_CLASSES
 from scheduler.request_fields import field_problem
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "embeddings"]
 ENDPOINT_PATHS: dict[Endpoint, str] = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
+    "embeddings": "/v1/embeddings",
 }
+# The endpoints that generate tokens (served by `generate` engines); embeddings are served
+# by `embed` engines, hold KV for their inputs only, and never stream.
+GENERATION_ENDPOINTS: frozenset[Endpoint] = frozenset({"chat", "completions"})
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 # Fields that are the platform's, not the engine's: they are removed before forwarding.
 PLATFORM_FIELDS = ("request_class", "service_tier")
@@ -54,7 +58,7 @@ class InferenceRequest:
     body: dict[str, Any]  # what goes to the engine (platform fields removed)
     stream: bool
     include_usage: bool
-    max_tokens: int | None  # as asked; None = up to the model's length
+    max_tokens: int | None  # as asked; None = up to the model's length; 0 = embeddings
     request_class: str | None  # asked in the body; the header or the key decide otherwise
     n: int = 1  # samples of each prompt
     prompts: int = 1  # a completion's prompts (a list of them); a chat has one
@@ -92,17 +96,19 @@ def parse_inference_request(
     if endpoint == "chat":
         _check_messages(body.get("messages"))
         prompts = 1
-    else:
+    elif endpoint == "completions":
         prompts = len(_prompt_list(body.get("prompt")))
+    else:
+        prompts = len(_prompt_list(body.get("input"), "input"))
     n = _samples(body)
     if n * prompts > max_sequences:
         raise InvalidRequest(
             f"This request runs {n * prompts} sequences (n={n} for each of {prompts} "
             f"prompts); the most one request may run is {max_sequences}. Split it, or use "
             "the Batch API.",
-            param="n" if prompts == 1 else "prompt",
+            param="n" if prompts == 1 else ("input" if endpoint == "embeddings" else "prompt"),
         )
-    max_tokens = _max_tokens(body)
+    max_tokens = _max_tokens(body) if endpoint in GENERATION_ENDPOINTS else 0
     _check_sampling(body)
     stream = _optional_bool(body, "stream") or False
     include_usage = _include_usage(body, stream)
@@ -180,9 +186,10 @@ def _check_messages(messages: Any) -> None:
             )
 
 
-def _prompt_list(prompt: Any) -> list[str | list[int]]:
-    """A completion's prompts, one item each: OpenAI takes a string, an array of token ids,
-    or an array of either (lm-evaluation-harness sends its batches so)."""
+def _prompt_list(prompt: Any, param: str = "prompt") -> list[str | list[int]]:
+    """A completion's prompts (or an embedding request's inputs), one item each: OpenAI
+    takes a string, an array of token ids, or an array of either (lm-evaluation-harness sends
+    its batches so)."""
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, list) and prompt:
@@ -193,16 +200,22 @@ def _prompt_list(prompt: Any) -> list[str | list[int]]:
         if all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in prompt):
             return list(prompt)
     raise InvalidRequest(
-        "'prompt' must be a string, an array of token ids, or a non-empty array of strings or "
-        "of token id arrays.",
-        param="prompt",
+        f"'{param}' must be a string, an array of token ids, or a non-empty array of strings "
+        "or of token id arrays.",
+        param=param,
     )
 
 
 def split_prompts(request: InferenceRequest) -> list[InferenceRequest]:
     """The request as one request per prompt, each counted and bounded alone (a chat, or a
     completion of one prompt as a string or token ids, is itself). Only for counting: the
-    engine gets the request whole."""
+    engine gets the request whole. An embedding input is counted as a completion's prompt
+    (the same tokenizer, special tokens included), with nothing to generate."""
+    if request.endpoint == "embeddings":
+        return [
+            replace(request, endpoint="completions", body={"model": request.model, "prompt": p})
+            for p in _prompt_list(request.body["input"], "input")
+        ]
     if request.endpoint != "completions":
         return [request]
     prompt = request.body["prompt"]

@@ -67,6 +67,14 @@ class EngineStatus(models.TextChoices):
     FAILED = "failed", "failed"
 
 
+class EngineTask(models.TextChoices):
+    """What an engine's model does: generate text (chat, completions) or embed it (vLLM's
+    pooling runner, `--runner pooling`: a generative checkpoint is adapted to embed)."""
+
+    GENERATE = "generate", "generate"
+    EMBED = "embed", "embed"
+
+
 # States in which the engine's process should be alive and holds its units.
 LIVE_STATUSES = (
     EngineStatus.STARTING,
@@ -89,6 +97,12 @@ class Engine(models.Model):
         max_length=200, help_text="The name clients ask for; engines sharing it form a pool."
     )
     device = models.ForeignKey(Device, on_delete=models.PROTECT, related_name="engines")
+    task = models.CharField(
+        max_length=10,
+        choices=EngineTask.choices,
+        default=EngineTask.GENERATE,
+        help_text="generate: chat and completions; embed: /v1/embeddings.",
+    )
     footprint_units = models.PositiveIntegerField(
         help_text="Memory it holds on its device (weights + KV cache), in 256 MiB units."
     )

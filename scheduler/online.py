@@ -42,6 +42,7 @@ from scheduler.fairqueue.inbox import Inbox, parse_event
 from scheduler.fairqueue.queue import FairQueue
 from scheduler.granted import GrantedStream
 from scheduler.inference import (
+    GENERATION_ENDPOINTS,
     InferenceRequest,
     bounded_prompt_tokens,
     prompt_token_bound,
@@ -52,7 +53,7 @@ from scheduler.inference import (
     upper_token_estimate,
 )
 from scheduler.kvcost import kv_cost_bytes_of
-from scheduler.models import Engine
+from scheduler.models import Engine, EngineTask
 from scheduler.pools import (
     Route,
     engine_changes,
@@ -198,6 +199,14 @@ def _prepare(
         if not Engine.objects.filter(served_model_name=request.model).exists():
             raise ModelNotFound(f"The model '{request.model}' does not exist.", param="model")
         raise Unavailable(f"No engine of '{request.model}' is ready; retry shortly.")
+    embeds = route.engine.task == EngineTask.EMBED
+    if embeds != (request.endpoint == "embeddings"):
+        does = "embeddings" if embeds else "text generation"
+        raise BadRequest(
+            f"The model '{request.model}' serves {does}; it does not support {request.path}.",
+            param="model",
+            code="model_not_supported",
+        )
     return _Prepared(api_key, request, request_class, route)
 
 
@@ -298,16 +307,18 @@ async def count_prompts(parts: list[InferenceRequest], engine: Engine) -> list[i
 
 def bounded_max_tokens(request: InferenceRequest, prompt_tokens: int, max_model_len: int) -> int:
     """`max_tokens` as run: as asked, or what the model's length leaves the prompt (the
-    longest, for a list of prompts); ContextTooLong when nothing is left."""
+    longest, for a list of prompts); ContextTooLong when nothing is left. An embedding
+    (`max_tokens` 0) needs room for its input only."""
     room = max_model_len - prompt_tokens
-    if room < 1 or (request.max_tokens is not None and request.max_tokens > room):
+    least = 0 if request.max_tokens == 0 else 1
+    if room < least or (request.max_tokens is not None and request.max_tokens > room):
         asked = request.max_tokens if request.max_tokens is not None else 1
         raise ContextTooLong(
             f"This model's maximum context length is {max_model_len} tokens. However, you "
             f"requested {prompt_tokens + asked} tokens ({prompt_tokens} in the messages, "
             f"{asked} in the completion). Please reduce the length of the messages or "
             "completion.",
-            param="messages" if request.endpoint == "chat" else "prompt",
+            param={"chat": "messages", "completions": "prompt"}.get(request.endpoint, "input"),
         )
     return request.max_tokens if request.max_tokens is not None else room
 
@@ -322,8 +333,10 @@ async def _enqueue(
     """Puts the request, counted against its tenant's limits, in the fair queue."""
     api_key, request, route = prepared.api_key, prepared.request, prepared.route
     engine, tenant = route.engine, api_key.tenant
-    body = {**request.body, "max_tokens": max_tokens}
-    body.pop("max_completion_tokens", None)
+    body = request.body
+    if request.endpoint in GENERATION_ENDPOINTS:
+        body = {**body, "max_tokens": max_tokens}
+        body.pop("max_completion_tokens", None)
     state = _loop_state()
     job_id = uuid.uuid4().hex
     payload = {

@@ -57,6 +57,7 @@ Send = Callable[[Message], Awaitable[None]]
 INFERENCE_PATHS: dict[str, Endpoint] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
 }
 
 # Redis (the queue) or the database not answering: the client can retry, so 503, never 500.

@@ -68,6 +68,13 @@ def _number_in(low: float, high: float, *, low_open: bool = False) -> Check:
     return check
 
 
+def _one_of(*choices: str) -> Check:
+    def check(value: Any) -> str | None:
+        return None if value in choices else f"one of {', '.join(choices)}"
+
+    return check
+
+
 def _text(max_chars: int) -> Check:
     def check(value: Any) -> str | None:
         fine = isinstance(value, str) and len(value) <= max_chars
@@ -160,7 +167,16 @@ COMPLETIONS_FIELDS: dict[str, Check] = COMMON_FIELDS | {
     "best_of": _int_in(1, 1), "response_format": _response_format,
 }  # fmt: skip
 
-FIELDS: Mapping[str, Mapping[str, Check]] = {"chat": CHAT_FIELDS, "completions": COMPLETIONS_FIELDS}
+# Embeddings: OpenAI's fields (no sampling: nothing is generated) and the platform's own.
+EMBEDDINGS_FIELDS: dict[str, Check] = {
+    "model": _any, "input": _any, "user": _text(MAX_USER_CHARS), "encoding_format": _one_of(
+    "float", "base64"), "dimensions": _int_in(1, 1_000_000), "request_class": _any,
+    "service_tier": _any, "priority": _any, "cache_salt": _any,
+}  # fmt: skip
+
+FIELDS: Mapping[str, Mapping[str, Check]] = {
+    "chat": CHAT_FIELDS, "completions": COMPLETIONS_FIELDS, "embeddings": EMBEDDINGS_FIELDS,
+}  # fmt: skip
 
 
 def _object_of(max_bytes: int) -> Check:

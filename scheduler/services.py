@@ -23,6 +23,7 @@ from scheduler.models import (
     DeviceKind,
     Engine,
     EngineStatus,
+    EngineTask,
     Pool,
     ScalingDecision,
 )
@@ -161,16 +162,27 @@ def engine_create(
     max_num_seqs: int = 32,
     offline_load_threshold: float = 0.4,
     dedicated_tenant: Tenant | None = None,
+    task: str = EngineTask.GENERATE,
 ) -> Engine:
     """Register an engine. Without a device, placement picks one (first fit by units among
     the present devices); either way the device must have room for it beside the engines
-    already registered there, and a dedicated engine must fit its tenant's quota."""
+    already registered there, and a dedicated engine must fit its tenant's quota. Engines
+    that share a served model name form one pool, so they share one task too."""
     if Engine.objects.filter(name=name).exists():
         raise EngineConflict(f"An engine named '{name}' exists already.", param="name")
     if Engine.objects.filter(host=host, port=port).exists():
         raise EngineConflict(f"Another engine already uses {host}:{port}.", param="port")
     if not 0 <= offline_load_threshold <= 1:
         raise DomainError("offline_load_threshold must be within 0..1.")
+    if task not in EngineTask.values:
+        raise DomainError(f"Unknown task {task!r}; use one of {', '.join(EngineTask.values)}.")
+    other = Engine.objects.filter(served_model_name=served_model_name).exclude(task=task).first()
+    if other is not None:
+        raise EngineConflict(
+            f"Engine '{other.name}' serves '{served_model_name}' to {other.task}; an engine "
+            f"of the same served model name cannot {task}.",
+            param="served_model_name",
+        )
     if device is not None:
         device = Device.objects.select_for_update().get(pk=device.pk)
     placed = _place(name=name, footprint_units=footprint_units, device=device)
@@ -188,6 +200,7 @@ def engine_create(
         max_num_seqs=max_num_seqs,
         offline_load_threshold=offline_load_threshold,
         dedicated_tenant=dedicated_tenant,
+        task=task,
         status=EngineStatus.STOPPED,
     )
 

@@ -9,7 +9,7 @@ from typing import Any
 from django.utils.crypto import salted_hmac
 
 from config import wire
-from scheduler.inference import ENDPOINT_PATHS
+from scheduler.inference import ENDPOINT_PATHS, GENERATION_ENDPOINTS
 from scheduler.request_classes import ENGINE_PRIORITY
 
 
@@ -24,10 +24,11 @@ def engine_body(request: dict[str, Any], request_class: str) -> dict[str, Any]:
     its prefix cache are shared)."""
     body = {
         **request["body"],
-        "stream": bool(request["stream"]),
         "priority": ENGINE_PRIORITY[request_class],
         "cache_salt": cache_salt(int(request["tenant_id"]), request.get("cache_group") or ""),
     }
+    if request["endpoint"] in GENERATION_ENDPOINTS:  # an embedding request has no `stream`
+        body["stream"] = bool(request["stream"])
     if request["stream"]:
         # Always ask for usage, to charge the real tokens; the client gets it only if asked.
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}

@@ -110,6 +110,10 @@ class EngineClient:
         body = {**payload, "stream": False}
         return self._post_json("/v1/completions", body)
 
+    def embeddings(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """POST /v1/embeddings; returns the OpenAI-shaped body."""
+        return self._post_json("/v1/embeddings", payload)
+
     def _post_json(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         status, text = self._kept_alive.post(path, body)
         raise_for_status(status, text, f"{self.base_url}{path}")

@@ -65,6 +65,7 @@ class EngineLaunch:
     device_kind: str  # "gpu" or "cpu"
     device_index: int
     device_memory_bytes: int
+    task: str = "generate"  # or "embed" (scheduler.models.EngineTask)
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,10 @@ def build_launch(
         "--scheduling-policy",
         "priority",
     ]
+    if launch.task == "embed":
+        # vLLM's pooling runner serves /v1/embeddings; a generative checkpoint is adapted to
+        # embed (its default conversion), an embedding model runs as it is.
+        argv += ["--runner", "pooling"]
     env = {**engine_env(base_env), **OFFLINE_ENV, "VLLM_API_KEY": api_key}
     if launch.device_kind == "gpu":
         fraction = gpu_memory_utilization(

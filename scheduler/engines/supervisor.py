@@ -30,7 +30,7 @@ from scheduler.engines.client import EngineClient, EngineError
 from scheduler.engines.launch import EngineLaunch, build_launch
 from scheduler.engines.vllm_env import VllmEnvMissing, find_vllm_python
 from scheduler.gpu_inventory import node_name
-from scheduler.models import LIVE_STATUSES, DeviceKind, Engine, EngineStatus
+from scheduler.models import LIVE_STATUSES, DeviceKind, Engine, EngineStatus, EngineTask
 from scheduler.pools import fair_queue, sync_engine
 from scheduler.selectors import engine_get
 from scheduler.services import engine_check_room_to_start, engine_set_status
@@ -249,6 +249,7 @@ def _launch(engine: Engine) -> int:
             device_kind=engine.device.kind,
             device_index=engine.device.index,
             device_memory_bytes=engine.device.memory_bytes,
+            task=engine.task,
         ),
         python=str(python),
         base_env=os.environ,
@@ -359,17 +360,22 @@ def _pin_cpu_engine_core(engine: Engine) -> None:
 
 
 def _warm_up(engine: Engine, client: EngineClient) -> None:
-    """One real generation: the first request compiles and allocates, and proves the model
-    actually produces tokens, before any tenant's request is sent."""
+    """One real generation (or embedding): the first request compiles and allocates, and
+    proves the model actually answers, before any tenant's request is sent."""
+    embeds = engine.task == EngineTask.EMBED
+    what = "embedding" if embeds else "generation"
     try:
-        body = client.completion(
-            {"model": engine.served_model_name, "prompt": WARMUP_PROMPT, "max_tokens": 4}
-        )
+        if embeds:
+            body = client.embeddings({"model": engine.served_model_name, "input": WARMUP_PROMPT})
+        else:
+            body = client.completion(
+                {"model": engine.served_model_name, "prompt": WARMUP_PROMPT, "max_tokens": 4}
+            )
     except EngineError as exc:
-        detail = _death_detail(engine, f"the warm-up generation failed: {exc}")
+        detail = _death_detail(engine, f"the warm-up {what} failed: {exc}")
         raise EngineStartError(detail) from None
-    if not body.get("choices"):
-        raise EngineStartError(f"the warm-up generation returned no choices: {body}")
+    if not body.get("data" if embeds else "choices"):
+        raise EngineStartError(f"the warm-up {what} returned nothing: {body}")
 
 
 def _mark_ready(

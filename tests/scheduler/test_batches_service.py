@@ -495,6 +495,27 @@ def test_a_bad_file_fails_the_batch_with_line_errors_and_nothing_runs(files_dir,
     assert waiting_jobs(queue) == 0
 
 
+def test_an_embeddings_batch_runs_on_embed_engines_only(files_dir, queue, owner_key, engine):
+    line = {"custom_id": "e-0", "method": "POST", "url": "/v1/embeddings",
+            "body": {"model": MODEL, "input": ["one", "two"]}}  # fmt: skip
+    content = (json.dumps(line) + "\n").encode()
+    client = bearer_client(owner_key)
+    refused = process(start_batch(client, content, endpoint="/v1/embeddings")["id"])
+    assert refused.status == BatchStatus.FAILED
+    assert refused.errors is not None
+    assert [e["code"] for e in refused.errors["data"]] == ["model_not_supported"]
+    Engine.objects.filter(pk=engine.pk).update(task="embed")
+    accepted = start_batch(client, content, endpoint="/v1/embeddings")
+    process(accepted["id"])
+    (job_id,) = queue.redis.zrange(queue.keys.waiting(), 0, -1)
+    job = queue.get_job(job_id)
+    assert job is not None
+    assert (job.seqs, job.max_tokens) == (2, 0)
+    payload = json.loads(job.payload)
+    assert payload["endpoint"] == "embeddings"
+    assert "max_tokens" not in payload["body"]
+
+
 def test_a_tenant_over_its_token_budget_cannot_start_a_batch(files_dir, queue, owner, owner_key):
     owner.token_budget = 10
     owner.save()
@@ -563,7 +584,7 @@ def test_batches_are_shared_with_teammates_hidden_from_outsiders_and_paginated(
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"endpoint": "/v1/embeddings"}, "endpoint"),
+        ({"endpoint": "/v1/moderations"}, "endpoint"),
         ({"completion_window": "1h"}, "completion_window"),
         ({"metadata": {"n": 1}}, "metadata"),
         ({"input_file_id": None}, "input_file_id"),

@@ -43,7 +43,8 @@ def test_an_engine_is_given_its_queue_per_seat(
 
 def test_the_engine_gets_the_class_priority_never_the_clients() -> None:
     request = {
-        "body": {"model": "m", "prompt": "hi", "priority": -100}, "stream": False, "tenant_id": 1,
+        "endpoint": "completions", "body": {"model": "m", "prompt": "hi", "priority": -100},
+        "stream": False, "tenant_id": 1,
     }  # fmt: skip
     priorities = [engine_body(request, cls)["priority"] for cls in REQUEST_CLASSES]
     assert priorities == [ENGINE_PRIORITY[cls] for cls in REQUEST_CLASSES]

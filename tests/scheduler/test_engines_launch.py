@@ -66,6 +66,14 @@ def test_a_cpu_engine_gets_its_units_as_kv_space_in_gib() -> None:
     }
 
 
+def test_an_embed_engine_runs_vllms_pooling_runner() -> None:
+    spec = build_launch(launch(task="embed"), python="/venv/bin/python", base_env={}, api_key="k")
+    args = dict(zip(spec.argv[3::2], spec.argv[4::2], strict=True))
+    assert args["--runner"] == "pooling"
+    plain = build_launch(launch(), python="/venv/bin/python", base_env={}, api_key="k")
+    assert "--runner" not in plain.argv
+
+
 def test_a_gpu_engine_gets_its_units_as_a_fraction_of_its_card() -> None:
     spec = build_launch(
         launch(device_kind="gpu", device_index=3, footprint_units=80, device_memory_bytes=80 * GIB),

@@ -89,6 +89,18 @@ def test_names_and_addresses_are_unique() -> None:
         register("b", 4, 8100)
 
 
+def test_engines_of_one_served_model_name_share_one_task() -> None:
+    gpu(0, 8)
+    assert register("gen", 4, 8100).task == "generate"
+    with pytest.raises(EngineConflict, match="serves 'llama' to generate") as refused:
+        register("emb", 4, 8101, task="embed")
+    assert refused.value.param == "served_model_name"
+    embed = register("emb", 4, 8101, task="embed", served_model_name="llama-embed")
+    assert embed.task == "embed"
+    with pytest.raises(DomainError, match="Unknown task"):
+        register("odd", 4, 8102, task="classify", served_model_name="odd")
+
+
 def test_dedicated_engines_count_against_the_tenant_quota() -> None:
     gpu(0, 80)
     acme = TenantFactory.create(slug="acme", quota_units=40)

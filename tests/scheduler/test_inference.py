@@ -388,3 +388,53 @@ def test_service_tier_is_the_platforms_and_never_reaches_the_engine() -> None:
     request = parse_inference_request("chat", {**CHAT, "service_tier": "flex"})
     assert request.service_tier == "flex"
     assert "service_tier" not in request.body
+
+
+@pytest.mark.parametrize(
+    ("text_input", "count"),
+    [("a text", 1), (["a", "b c"], 2), ([1, 2, 3], 1), ([[1, 2], [3]], 2)],
+)
+def test_embeddings_take_an_input_or_a_list_of_them_and_generate_nothing(text_input, count):
+    body = {"model": "m", "input": text_input, "encoding_format": "base64", "user": "u1"}
+    request = parse_inference_request("embeddings", body)
+    assert request.body == body  # the engine gets it whole
+    assert (request.sequences, request.max_tokens, request.stream) == (count, 0, False)
+    assert request.path == "/v1/embeddings"
+    parts = split_prompts(request)
+    # Each input is counted as a completion's prompt would be, with nothing to generate.
+    assert [part.endpoint for part in parts] == ["completions"] * count
+    assert all(set(part.body) == {"model", "prompt"} for part in parts)
+    assert request_tokens(request, [5] * count, 0) == 5 * count
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"input": []}, "input"),
+        ({"input": 5}, "input"),
+        ({"input": ["a", [1]]}, "input"),
+        ({"input": "x", "stream": True}, "stream"),
+        ({"input": "x", "temperature": 0.5}, "temperature"),
+        ({"input": "x", "max_tokens": 5}, "max_tokens"),
+        ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": "x", "dimensions": 0}, "dimensions"),
+        ({"input": ["x"] * 65}, "input"),
+    ],
+)
+def test_bad_embedding_requests_are_refused_naming_the_field(extra, param):
+    with pytest.raises(InvalidRequest) as caught:
+        parse_inference_request("embeddings", {"model": "m", **extra})
+    assert caught.value.param == param
+
+
+def test_an_embedding_input_may_fill_the_models_length_and_no_more() -> None:
+    from scheduler.online import ContextTooLong, bounded_max_tokens
+
+    request = parse_inference_request("embeddings", {"model": "m", "input": "x"})
+    assert bounded_max_tokens(request, 512, 512) == 0
+    with pytest.raises(ContextTooLong) as refused:
+        bounded_max_tokens(request, 513, 512)
+    assert refused.value.param == "input"
+    chat = parse_inference_request("chat", {**CHAT, "max_tokens": 1})
+    with pytest.raises(ContextTooLong):
+        bounded_max_tokens(chat, 512, 512)  # a generation needs room for one token

@@ -51,6 +51,12 @@ class Command(BaseCommand):
         create.add_argument("--offline-load-threshold", type=float, default=0.4)
         create.add_argument("--dedicated-to", default=None, help="tenant slug; default: shared")
         create.add_argument(
+            "--task",
+            choices=("generate", "embed"),
+            default="generate",
+            help="generate: chat and completions; embed: /v1/embeddings (vLLM's pooling runner)",
+        )
+        create.add_argument(
             "--if-missing", action="store_true", help="do nothing if the name is registered"
         )
         for action in ("start", "stop"):
@@ -106,6 +112,7 @@ class Command(BaseCommand):
             max_num_seqs=options["max_num_seqs"],
             offline_load_threshold=options["offline_load_threshold"],
             dedicated_tenant=tenant,
+            task=options["task"],
         )
         self.stdout.write(f"Registered engine '{engine.name}' on {engine.device.key}.")
         self._show(engine)
@@ -126,7 +133,7 @@ class Command(BaseCommand):
         owner = engine.dedicated_tenant.slug if engine.dedicated_tenant else "shared"
         self.stdout.write(
             f"{engine.name}: {engine.status.upper()}\n"
-            f"  model     {engine.served_model_name} <- {engine.model_path}\n"
+            f"  model     {engine.served_model_name} <- {engine.model_path} ({engine.task})\n"
             f"  device    {engine.device.key}, {engine.footprint_display}, {owner}\n"
             f"  url       {engine.base_url}  (pid {engine.pid or '-'})\n"
             f"  KV cache  {kv}; max_model_len {engine.max_model_len}, "
