@@ -194,6 +194,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # The inference endpoints are served outside DRF (config/asgi.py): a hook describes them.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "scheduler.openai_schema.add_inference_paths",
+    ],
 }
 
 # --- Tenants and keys -------------------------------------------------------------------
