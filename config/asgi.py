@@ -13,15 +13,21 @@ django_application = get_asgi_application()  # sets Django up: import apps' modu
 from django.conf import settings  # noqa: E402
 
 from config.body_deadline import body_deadline  # noqa: E402
-from config.request_ids import with_request_id  # noqa: E402
+from config.request_ids import request_id_scope, with_request_id  # noqa: E402
 from scheduler.openai_api import INFERENCE_PATHS, inference_app, tenant_key_gate  # noqa: E402
 
 
 # Any: Django's handler and ASGI servers each type the three a little differently.
 async def application(scope: Any, receive: Any, send: Any) -> None:
+    if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        with request_id_scope() as request_id:  # see config.request_ids
+            await _application(scope, receive, with_request_id(send, request_id))
+    else:
+        await _application(scope, receive, send)
+
+
+async def _application(scope: Any, receive: Any, send: Any) -> None:
     if scope["type"] == "http":
-        if scope["path"].startswith("/v1/"):
-            send = with_request_id(send)
         receive = body_deadline(receive, send, float(settings.GPUSHARE_BODY_TIMEOUT_S))
     if scope["type"] == "http" and not await tenant_key_gate(scope, send):
         return  # refused before its body was read

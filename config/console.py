@@ -41,5 +41,6 @@ urlpatterns = [
         name="batch-file",
     ),
     path("reports/", tenant_views.reports_view, name="reports"),
+    path("requests/", tenant_views.request_lookup, name="request-lookup"),
     path("planner/", scheduler_views.planner, name="planner"),
 ]

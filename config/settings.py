@@ -125,8 +125,18 @@ LOGIN_URL = "/admin/login/"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # A line written while the web serves a /v1/ request ends with its id (config.request_ids).
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s%(request_tag)s"}
+    },
+    "filters": {"request_id": {"()": "config.request_ids.RequestIdFilter"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["request_id"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env_str("GPUSHARE_LOG_LEVEL", "INFO")},
     # A line per engine call (every request's /tokenize and generation) is noise, and CPU on
     # the request path; failures are logged by the platform's own code.
@@ -194,6 +204,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # The inference endpoints are served outside DRF (config/asgi.py): a hook describes them.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "scheduler.openai_schema.add_inference_paths",
+    ],
 }
 
 # --- Tenants and keys -------------------------------------------------------------------

@@ -30,7 +30,7 @@ from django.conf import settings
 from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connection
 
-from config import wire
+from config import request_ids, wire
 from config.aio_redis import AsyncRedis
 from config.change_marks import cache_by_marks
 from config.errors import DomainError, Forbidden, NotFound
@@ -338,7 +338,8 @@ async def _enqueue(
         body = {**body, "max_tokens": max_tokens}
         body.pop("max_completion_tokens", None)
     state = _loop_state()
-    job_id = uuid.uuid4().hex
+    # The request's own id where the web gave it one: its X-Request-Id and its log lines' id.
+    job_id = request_ids.current() or uuid.uuid4().hex
     payload = {
         "inbox": state.inbox.key,
         "endpoint": request.endpoint,

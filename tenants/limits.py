@@ -244,12 +244,12 @@ def _rate_limited(message: str, retry_after: int) -> RateLimited:
     return RateLimited(message, headers={"Retry-After": str(max(1, int(retry_after)))})
 
 
-def limits_settle(*, admission: Admission, used_tokens: int) -> None:
+def limits_settle(*, admission: Admission, used_tokens: int, request_id: str = "") -> None:
     """Replaces the estimate with what the request really used (never below zero): what it
     did not use is given back, and what it used beyond the estimate (a prompt the engine
     counted longer than its bound) is charged too, so a tenant's tokens per minute and budget
-    count the real tokens either way."""
-    settling = _settling(admission, used_tokens)
+    count the real tokens either way. `request_id`: the request's, for the log."""
+    settling = _settling(admission, used_tokens, request_id)
     if settling is not None:
         keys, refund = settling
         _script(_REFUND)(keys=keys, args=[refund])
@@ -265,15 +265,17 @@ async def limits_settle_async(
         await client.evalsha(_script(_REFUND).sha, _REFUND, len(keys), *keys, refund)
 
 
-def _settling(admission: Admission, used_tokens: int) -> tuple[list[str], int] | None:
+def _settling(
+    admission: Admission, used_tokens: int, request_id: str = ""
+) -> tuple[list[str], int] | None:
     """The counters to correct and by how much (given back when positive); None: nothing."""
     refund = admission.estimated_tokens - used_tokens
     if refund == 0 or not admission.counted:
         return None
     if refund < 0:
         log.warning(
-            "tenant %s used %d tokens, %d more than admitted; charged",
-            admission.tenant_id, used_tokens, -refund,
+            "request %s of tenant %s used %d tokens, %d more than admitted; charged",
+            request_id or "-", admission.tenant_id, used_tokens, -refund,
         )  # fmt: skip
     token_key = f"{PREFIX}{admission.tenant_id}:tok:{admission.minute}"
     return [token_key] + ([admission.budget_key] if admission.budget_key else []), refund

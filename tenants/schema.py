@@ -10,12 +10,17 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.plumbing import build_bearer_security_scheme_object
 
 
+def bearer_scheme() -> dict[str, Any]:
+    """The security scheme of a credential sent as `Authorization: Bearer ...`."""
+    scheme: dict[str, Any] = build_bearer_security_scheme_object(
+        header_name="Authorization", token_prefix="Bearer"
+    )
+    return scheme
+
+
 class _BearerScheme(OpenApiAuthenticationExtension):
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
-        scheme: dict[str, Any] = build_bearer_security_scheme_object(
-            header_name="Authorization", token_prefix="Bearer"
-        )
-        return scheme
+        return bearer_scheme()
 
 
 class TenantKeyScheme(_BearerScheme):

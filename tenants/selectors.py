@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import Count, Q, QuerySet
 
 from config.errors import NotFound
-from tenants.models import ApiKey, Tenant
+from tenants.models import ApiKey, Tenant, UsageRecord
 
 
 def tenant_list(*, is_active: bool | None = None) -> QuerySet[Tenant]:
@@ -48,3 +48,11 @@ def tenant_list_with_key_counts(*, is_active: bool | None = None) -> QuerySet[Te
         )
         .order_by("slug")
     )
+
+
+def usage_record_get(*, request_id: str) -> UsageRecord:
+    """The ledger row of one request (its `X-Request-Id`), with its tenant and key."""
+    try:
+        return UsageRecord.objects.select_related("tenant", "api_key").get(request_id=request_id)
+    except UsageRecord.DoesNotExist:
+        raise NotFound(f"No request '{request_id}' in the usage ledger.") from None

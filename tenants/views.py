@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -171,6 +172,25 @@ def api_key_revoke(request: HttpRequest, slug: str, key_id: int) -> HttpResponse
     services.api_key_revoke(api_key=api_key)
     messages.success(request, f"Key {api_key.prefix}… ({api_key.name}) revoked.")
     return redirect("console:tenant", slug=tenant.slug)
+
+
+# --- one request, by its id ------------------------------------------------------------------
+
+# A request id as the platform makes them (a job id, 32 hex digits) is far shorter: anything
+# longer is nobody's, and is not looked up.
+REQUEST_ID_MAX_CHARS = 64
+
+
+@staff_member_required
+def request_lookup(request: HttpRequest) -> HttpResponse:
+    """A request's ledger row by its id (the `X-Request-Id` its answer carried)."""
+    request_id = request.GET.get("id", "").strip()
+    record = None
+    if request_id and len(request_id) <= REQUEST_ID_MAX_CHARS:
+        with contextlib.suppress(NotFound):
+            record = selectors.usage_record_get(request_id=request_id)
+    context = {"section": "requests", "request_id": request_id, "record": record}
+    return render(request, "console/requests/lookup.html", context)
 
 
 # --- usage charts and reports (from the usage ledger, tenants.reports) -----------------------

@@ -492,7 +492,7 @@ def settle(job: Job, request: dict[str, Any], result: RunResult) -> None:
     admission = request.get("admission")
     if admission:
         try:
-            limits_settle(admission=Admission(**admission), used_tokens=used)
+            limits_settle(admission=Admission(**admission), used_tokens=used, request_id=job.job_id)
         except Exception:  # a missed refund only errs on the strict side
             log.warning("could not settle limits of job %s", job.job_id, exc_info=True)
     if request.get("batch_id"):  # nobody waits on a batch line: its result goes to its batch

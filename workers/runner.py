@@ -139,7 +139,8 @@ class Relay:
                 try:
                     await self._queue.publish_many(batch)
                 except Exception as exc:  # Redis away: each run whose words were lost hears
-                    log.warning("could not relay %d events: %s", len(batch), exc)
+                    lost = " ".join(dict.fromkeys(jobs))
+                    log.warning("could not relay %d events of jobs %s: %s", len(batch), lost, exc)
                     for job_id in jobs:
                         self._failed[job_id] = exc
         finally:

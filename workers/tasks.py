@@ -52,8 +52,9 @@ def housekeeping() -> dict[str, int | None]:
         kicked += 1
     if reaped or expired:
         log.info(
-            "housekeeping: %d leases reaped, %d waiting jobs expired", len(reaped), len(expired)
-        )
+            "housekeeping: %d leases reaped [%s], %d waiting jobs expired [%s]",
+            len(reaped), " ".join(reaped), len(expired), " ".join(expired),
+        )  # fmt: skip
     return {
         "ready_engines": ready,
         "reaped": len(reaped),

@@ -24,6 +24,7 @@ CONSOLE_PAGES = [
     "/console/live/queues/",
     "/console/batches/",
     "/console/reports/",
+    "/console/requests/?id=0123",
     "/console/planner/",
     "/console/units/?quota_units=8",
 ]

@@ -92,10 +92,12 @@ def test_tpm_counts_the_estimate_and_settling_refunds_what_was_not_used(
     limits_admit(tenant=owner, estimated_tokens=300, now=NOW + 2)
 
 
-def test_settling_charges_what_was_used_beyond_the_estimate(owner, redis_db, limits_admit):
+def test_settling_charges_what_was_used_beyond_the_estimate(owner, redis_db, limits_admit, caplog):
     tenant_update(tenant=owner, tpm_limit=1000, token_budget=5000, budget_period="day")
     admission = limits_admit(tenant=owner, estimated_tokens=10, now=NOW)
-    limits_settle(admission=admission, used_tokens=900)  # the prompt was far longer
+    # The prompt was far longer.
+    limits_settle(admission=admission, used_tokens=900, request_id="job-9f")
+    assert f"request job-9f of tenant {owner.pk} used 900 tokens, 890 more" in caplog.text
     with pytest.raises(RateLimited, match="1000 tokens per minute"):
         limits_admit(tenant=owner, estimated_tokens=200, now=NOW + 1)
     assert int(redis_db.get(admission.budget_key)) == 900
