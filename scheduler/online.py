@@ -130,6 +130,8 @@ class Admitted:
     # The engine call as queued (endpoint, body, stream, include_usage): what a granted
     # stream sends the engine (scheduler.granted).
     call: dict[str, Any] = field(default_factory=dict)
+    # The tenant's x-ratelimit-* headers as its limits stood once this request was counted.
+    rate_limits: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -313,7 +315,7 @@ async def _enqueue(
         "cache_group": tenant.cache_group,
         "api_key_id": api_key.pk,
         "model": request.model,
-        "admission": vars(admission),  # flat fields: no deep copy, as asdict makes
+        "admission": admission.settling_fields(),  # flat: no deep copy, as asdict makes
         "received_at": received_at,
     }
     kv_bytes = kv_cost_bytes(
@@ -354,7 +356,8 @@ async def _enqueue(
         raise
     if summon:  # no picker was waiting for work: summon one
         _in_background(f"summoning a picker of {route.pool}", _summon, route.pool)
-    return Admitted(job, request, api_key.tenant_id, api_key.pk, received_at, events, payload)
+    return Admitted(job, request, api_key.tenant_id, api_key.pk, received_at, events, payload,
+                    admission.headers)  # fmt: skip
 
 
 async def _queue_job(
