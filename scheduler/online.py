@@ -64,7 +64,7 @@ from tenants.limits import Admission, RateLimited, limits_admit_async, limits_se
 from tenants.models import ApiKey, Tenant
 from tenants.selectors import tenant_get
 from tenants.services import tenant_changes
-from tenants.usage_buffer import usage_push
+from tenants.usage_buffer import end_user, usage_push
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -701,6 +701,7 @@ def record_broken_stream(admitted: Admitted, chunks_sent: int) -> None:
         "request_id": job.job_id, "tenant_id": admitted.tenant_id,
         "api_key_id": admitted.api_key_id, "model": admitted.request.model, "engine": "",
         "request_class": job.request_class, "endpoint": admitted.request.endpoint,
+        "end_user": end_user(admitted.request.body),
         "outcome": "error", "status_code": 503, "prompt_tokens": job.prompt_tokens,
         "completion_tokens": chunks_sent, "error_code": "stream_broken",
         "latency_ms": int((now - admitted.received_at) * 1000),

@@ -336,3 +336,19 @@ def test_a_client_that_leaves_while_its_job_is_being_queued_leaves_no_job_behind
     assert job is not None
     assert job.state == "cancelled"
     assert job_ids[0] not in queued_ids()
+
+
+def test_the_end_user_a_request_names_reaches_its_ledger_row_through_the_job(bearer):
+    from workers.dispatch import usage_fields
+    from workers.runner import RunResult
+
+    request = parse_inference_request(
+        "chat",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+         "user": "customer-42"},
+    )  # fmt: skip
+    admitted = asyncio.run(online.admit(authorization=bearer, request=request, class_header=""))
+    job = fair_queue().get_job(admitted.job.job_id)
+    assert job is not None
+    row = usage_fields(job, json.loads(job.payload), RunResult(outcome="success"))
+    assert row["end_user"] == "customer-42"

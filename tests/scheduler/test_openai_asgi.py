@@ -75,8 +75,9 @@ def test_no_body_is_read_before_the_key_is_known(transactional_db, path, authori
 
 @pytest.mark.parametrize(
     ("body", "param"),
-    [(b"{not json", None), (b'{"model": "m"}', "messages"), (b"\xff\xfe", None)],
-)
+    [(b"{not json", None), (b'{"model": "m"}', "messages"), (b"\xff\xfe", None),
+     (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": 7}', "user")],
+)  # fmt: skip
 def test_malformed_requests_are_400_with_the_field_named(body, param, auth):
     response = asgi_request("POST", CHAT, content=body, headers=auth)
     assert response.status_code == 400
@@ -152,7 +153,7 @@ def waiting_request(job_id: str) -> online.Admitted:
     job = Job(job_id=job_id, tenant="t", pool="p", request_class="standard", prompt_tokens=1,
               max_tokens=1, kv_bytes=1, deadline=9e9)  # fmt: skip
     request = parse_inference_request(
-        "chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        "chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": "u1"}
     )
     return online.Admitted(job, request, tenant_id=1, api_key_id=1, received_at=0.0)
 
@@ -436,6 +437,7 @@ def test_a_stream_broken_after_chunks_ends_with_an_error_its_row_written_in_a_th
     assert job.state == "cancelled"
     rows = redis_db.lrange(PENDING_KEY, 0, -1)
     assert [json.loads(row)["error_code"] for row in rows] == ["stream_broken"]
+    assert json.loads(rows[0])["end_user"] == "u1"
 
 
 @pytest.mark.parametrize("path", [CHAT, "/v1/files"])
