@@ -698,7 +698,7 @@ class _Feeder:
             "cache_group": tenant.cache_group,
             "api_key_id": self.batch.api_key_id,
             "model": request.model,
-            "admission": asdict(admission),
+            "admission": admission.settling_fields(),
             "received_at": self.now.timestamp(),
             "batch_id": self.batch.public_id,
             "batch_pk": self.batch.pk,

@@ -68,7 +68,7 @@ from tenants.limits import Admission, RateLimited, limits_admit_async, limits_se
 from tenants.models import ApiKey, Tenant
 from tenants.selectors import tenant_get
 from tenants.services import tenant_changes
-from tenants.usage_buffer import usage_push
+from tenants.usage_buffer import end_user, usage_push
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -134,6 +134,8 @@ class Admitted:
     # The engine call as queued (endpoint, body, stream, include_usage): what a granted
     # stream sends the engine (scheduler.granted).
     call: dict[str, Any] = field(default_factory=dict)
+    # The tenant's x-ratelimit-* headers as its limits stood once this request was counted.
+    rate_limits: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -350,7 +352,7 @@ async def _enqueue(
         "cache_group": tenant.cache_group,
         "api_key_id": api_key.pk,
         "model": request.model,
-        "admission": vars(admission),  # flat fields: no deep copy, as asdict makes
+        "admission": admission.settling_fields(),  # flat: no deep copy, as asdict makes
         "received_at": received_at,
     }
     kv_bytes = kv_cost_bytes_of(
@@ -393,7 +395,8 @@ async def _enqueue(
         raise
     if summon:  # no picker was waiting for work: summon one
         _in_background(f"summoning a picker of {route.pool}", _summon, route.pool)
-    return Admitted(job, request, api_key.tenant_id, api_key.pk, received_at, events, payload)
+    return Admitted(job, request, api_key.tenant_id, api_key.pk, received_at, events, payload,
+                    admission.headers)  # fmt: skip
 
 
 async def _queue_job(
@@ -738,6 +741,7 @@ def record_broken_stream(admitted: Admitted, chunks_sent: int) -> None:
         "request_id": job.job_id, "tenant_id": admitted.tenant_id,
         "api_key_id": admitted.api_key_id, "model": admitted.request.model, "engine": "",
         "request_class": job.request_class, "endpoint": admitted.request.endpoint,
+        "end_user": end_user(admitted.request.body),
         "outcome": "error", "status_code": 503, "prompt_tokens": job.prompt_tokens,
         "completion_tokens": chunks_sent, "error_code": "stream_broken",
         "latency_ms": int((now - admitted.received_at) * 1000),

@@ -255,7 +255,7 @@ async def inference(
                     "Content-Type": "text/event-stream",
                     "Cache-Control": "no-cache",
                     "X-Accel-Buffering": "no",  # proxies must not hold the stream back
-                    "X-Request-Id": admitted.job.job_id,
+                    **_admitted_headers(admitted),
                 },
                 stream=_sse(admitted, client_gone),
             )
@@ -274,6 +274,12 @@ async def inference(
         return error_reply(dependency_down(exc))
 
 
+def _admitted_headers(admitted: online.Admitted) -> dict[str, str]:
+    """The headers of an admitted request's answer: its job's id, and its tenant's
+    x-ratelimit-* (OpenAI's), where the tenant has minute limits."""
+    return {"X-Request-Id": admitted.job.job_id, **admitted.rate_limits}
+
+
 async def _whole(admitted: online.Admitted, client_gone: asyncio.Event) -> Reply:
     finished = False
     try:
@@ -281,10 +287,11 @@ async def _whole(admitted: online.Admitted, client_gone: asyncio.Event) -> Reply
             kind = event["event"]
             if kind == "done":
                 finished = True
-                return json_reply(event["body"], headers={"X-Request-Id": admitted.job.job_id})
+                return json_reply(event["body"], headers=_admitted_headers(admitted))
             if kind == "error":
                 finished = True
-                return json_reply(event["body"], int(event.get("status", 500)))
+                status = int(event.get("status", 500))
+                return json_reply(event["body"], status, _admitted_headers(admitted))
             if kind == "expired":
                 finished = True
                 return error_reply(online.expired_error(admitted))

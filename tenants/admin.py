@@ -106,7 +106,7 @@ class UsageRecordAdmin(admin.ModelAdmin[UsageRecord]):
         "completion_tokens", "queue_wait_ms", "latency_ms",
     )  # fmt: skip
     list_filter = ("outcome", "request_class", "model", "tenant")
-    search_fields = ("request_id", "batch_id", "tenant__slug")
+    search_fields = ("request_id", "batch_id", "end_user", "tenant__slug")
     date_hierarchy = "finished_at"
     list_select_related = ("tenant",)
 

@@ -11,6 +11,10 @@ while a request runs. The budget counter is seeded from the usage ledger when Re
 have it (after a Redis restart), so a restart does not reset anyone's budget: the script says
 so (`seed`) and counts nothing, the caller seeds the counter and runs it again.
 
+The script also answers what the minute limits leave (the request counted if admitted) and
+when each window is empty again: OpenAI's `x-ratelimit-*` headers, sent with the request's
+answer or its 429 without another round trip (`rate_limit_headers`).
+
 Two ways to run the same check: `limits_admit` (sync: batches, and any thread) and
 `limits_admit_async` (the web's event loop: Redis through its asyncio client, the ledger read
 in a thread). Both build the script's arguments and read its verdict through `_Check`.
@@ -22,7 +26,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cache
 from typing import Any
@@ -55,20 +59,39 @@ local function recent(kind)
   return count(kind, minute) + count(kind, minute - 1) * overlap
 end
 local retry = math.ceil((minute + 1) * 60 - now)
-if rpm > 0 and recent('req') + 1 > rpm then return {'rpm', retry} end
-if tpm > 0 and recent('tok') + tokens > tpm then return {'tpm', retry} end
-if budget > 0 then
+local verdict = 'ok'
+if rpm > 0 and recent('req') + 1 > rpm then verdict = 'rpm'
+elseif tpm > 0 and recent('tok') + tokens > tpm then verdict = 'tpm'
+elseif budget > 0 then
   local used = redis.call('GET', budget_key)
   if not used and not seeded then return {'seed', 0} end
-  if tonumber(used or 0) + tokens > budget then return {'budget', 0} end
+  if tonumber(used or 0) + tokens > budget then verdict = 'budget' end
 end
-for _, kind in ipairs({'req', 'tok'}) do
-  local key = prefix .. tenant .. ':' .. kind .. ':' .. minute
-  redis.call('INCRBY', key, kind == 'req' and 1 or tokens)
-  redis.call('EXPIRE', key, 180)
+if verdict == 'ok' then
+  for _, kind in ipairs({'req', 'tok'}) do
+    local key = prefix .. tenant .. ':' .. kind .. ':' .. minute
+    redis.call('INCRBY', key, kind == 'req' and 1 or tokens)
+    redis.call('EXPIRE', key, 180)
+  end
+  if budget > 0 then redis.call('INCRBY', budget_key, tokens) end
 end
-if budget > 0 then redis.call('INCRBY', budget_key, tokens) end
-return {'ok', 0}
+-- What a minute limit leaves (this request counted if admitted), and in how many ms the
+-- window holds nothing again: a minute's count weighs on until the end of the next one.
+local function left(kind, limit)
+  if limit <= 0 then return 0, 0 end
+  local this, last = count(kind, minute), count(kind, minute - 1)
+  local reset = 0
+  if this > 0 then
+    reset = (minute + 2) * 60 - now
+  elseif last > 0 then
+    reset = (minute + 1) * 60 - now
+  end
+  return math.max(0, math.floor(limit - this - last * overlap)), math.ceil(reset * 1000)
+end
+local requests_left, requests_reset = left('req', rpm)
+local tokens_left, tokens_reset = left('tok', tpm)
+if verdict ~= 'rpm' and verdict ~= 'tpm' then retry = 0 end
+return {verdict, retry, requests_left, requests_reset, tokens_left, tokens_reset}
 """
 
 
@@ -115,6 +138,13 @@ class Admission:
     # False when the tenant had no limits: nothing was counted, so nothing is refunded (one
     # round trip to Redis less per request).
     counted: bool = True
+    # The answer's x-ratelimit-* headers (`rate_limit_headers`): the web's to send, not part
+    # of what is settled, so not in the job's payload (`settling_fields`).
+    headers: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def settling_fields(self) -> dict[str, Any]:
+        """What settling needs (`Admission(**fields)` again), for the job's payload."""
+        return {name: value for name, value in vars(self).items() if name != "headers"}
 
 
 def budget_period_start(period: str, now: datetime) -> datetime:
@@ -186,20 +216,23 @@ class _Check:
         if answer is None:
             return Admission(tenant.pk, estimated_tokens, minute, None, counted=False)
         verdict, retry_after = _text(answer[0]), int(answer[1])
+        headers = rate_limit_headers(tenant.rpm_limit or 0, tenant.tpm_limit or 0, answer)
         if verdict == "rpm":
             raise _rate_limited(f"Rate limit reached: {tenant.rpm_limit} requests per minute.",
-                                retry_after)  # fmt: skip
+                                retry_after, headers)  # fmt: skip
         if verdict == "tpm":
             raise _rate_limited(
                 f"Rate limit reached: {tenant.tpm_limit} tokens per minute; this request may "
                 f"use up to {estimated_tokens}.",
                 retry_after,
+                headers,
             )
         if verdict == "budget":
             raise BudgetExhausted(
-                f"Token budget of {tenant.token_budget} per {tenant.budget_period} is used up."
+                f"Token budget of {tenant.token_budget} per {tenant.budget_period} is used up.",
+                headers=headers,
             )
-        return Admission(tenant.pk, estimated_tokens, minute, self.budget_key)
+        return Admission(tenant.pk, estimated_tokens, minute, self.budget_key, headers=headers)
 
 
 def _text(value: Any) -> str:
@@ -240,8 +273,40 @@ async def limits_admit_async(
     return check.verdict(answer)
 
 
-def _rate_limited(message: str, retry_after: int) -> RateLimited:
-    return RateLimited(message, headers={"Retry-After": str(max(1, int(retry_after)))})
+def _rate_limited(message: str, retry_after: int, headers: dict[str, str]) -> RateLimited:
+    return RateLimited(message, headers={"Retry-After": str(max(1, int(retry_after))), **headers})
+
+
+def rate_limit_headers(rpm: int, tpm: int, answer: Sequence[Any]) -> dict[str, str]:
+    """OpenAI's x-ratelimit-* headers from the admit script's answer, for the minute limits
+    the tenant has (none: no headers): the limit, what is left of it, and when it is whole
+    again."""
+    headers: dict[str, str] = {}
+    for kind, limit, left, reset_ms in (("requests", rpm, answer[2], answer[3]),
+                                        ("tokens", tpm, answer[4], answer[5])):  # fmt: skip
+        if limit:
+            headers[f"x-ratelimit-limit-{kind}"] = str(limit)
+            headers[f"x-ratelimit-remaining-{kind}"] = str(int(left))
+            headers[f"x-ratelimit-reset-{kind}"] = duration_text(int(reset_ms))
+    return headers
+
+
+def duration_text(ms: int) -> str:
+    """A duration as OpenAI's reset headers write it (Go's `time.Duration`): "0s", "120ms",
+    "1s", "59.5s", "6m0s", "1h0m0s"."""
+    if ms <= 0:
+        return "0s"
+    if ms < 1000:
+        return f"{ms}ms"
+    hours, rest = divmod(ms, 3_600_000)
+    minutes, rest = divmod(rest, 60_000)
+    seconds, millis = divmod(rest, 1000)
+    text = f"{seconds}.{millis:03d}".rstrip("0") if millis else str(seconds)
+    if hours:
+        return f"{hours}h{minutes}m{text}s"
+    if minutes:
+        return f"{minutes}m{text}s"
+    return f"{text}s"
 
 
 def limits_settle(*, admission: Admission, used_tokens: int, request_id: str = "") -> None:

@@ -8,7 +8,7 @@ from django.db import models
 from django.db.models import Q
 
 from scheduler.request_classes import REQUEST_CLASSES, RequestClass, unknown_classes
-from scheduler.request_fields import OPTIONAL_FIELDS
+from scheduler.request_fields import MAX_USER_CHARS, OPTIONAL_FIELDS
 from scheduler.units import format_units
 
 
@@ -199,6 +199,11 @@ class UsageRecord(models.Model):
     )
     batch_id = models.CharField(max_length=64, blank=True, db_index=True)
     endpoint = models.CharField(max_length=64, blank=True)
+    end_user = models.CharField(
+        max_length=MAX_USER_CHARS,
+        blank=True,
+        help_text="The end user the request named (OpenAI's `user`); '' when none.",
+    )
     outcome = models.CharField(max_length=16, choices=Outcome.choices)
     status_code = models.PositiveSmallIntegerField(default=200)
     prompt_tokens = models.PositiveIntegerField(default=0)

@@ -30,6 +30,11 @@ class ReportQuery(serializers.Serializer[Any]):
     per = serializers.ChoiceField(
         choices=reports.PERIODS, required=False, help_text="Split the range into periods."
     )
+    group_by = serializers.ChoiceField(
+        choices=reports.GROUPINGS,
+        required=False,
+        help_text="Break usage down by the end users the requests named (their `user`).",
+    )
 
 
 _PARAMETERS = [
@@ -37,6 +42,7 @@ _PARAMETERS = [
     OpenApiParameter("until", str, description="End (exclusive), ISO 8601; default now."),
     OpenApiParameter("period", str, enum=list(reports.PERIODS)),
     OpenApiParameter("per", str, enum=list(reports.PERIODS)),
+    OpenApiParameter("group_by", str, enum=list(reports.GROUPINGS)),
 ]
 
 
@@ -58,17 +64,20 @@ def _reports(
     )
     if max_rows is not None:
         reports.check_report_size(tenant=tenant, since=since, until=until, max_rows=max_rows)
+    group_by = data.get("group_by")
     rows = reports.tenant_usage_reports(
-        tenant=tenant, since=since, until=until, per=data.get("per")
+        tenant=tenant, since=since, until=until, per=data.get("per"), group_by=group_by
     )
-    return rows, {"since": since, "until": until, "per": data.get("per")}
+    return rows, {"since": since, "until": until, "per": data.get("per"), "group_by": group_by}
 
 
 def _body(tenant: Tenant, rows: list[reports.UsageReport], asked: dict[str, Any]) -> dict[str, Any]:
     total = (
         rows[0]
         if len(rows) == 1
-        else reports.tenant_usage_report(tenant=tenant, since=asked["since"], until=asked["until"])
+        else reports.tenant_usage_report(
+            tenant=tenant, since=asked["since"], until=asked["until"], group_by=asked["group_by"]
+        )
     )
     body: dict[str, Any] = {"total": total.as_dict()}
     if asked["per"]:

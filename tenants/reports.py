@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet, Sum
 
 from config.errors import DomainError
 from scheduler.request_classes import REQUEST_CLASSES
@@ -33,6 +33,9 @@ from tenants.models import Outcome, Tenant, UsageRecord
 
 Period = Literal["hour", "day", "month"]
 PERIODS: tuple[Period, ...] = ("hour", "day", "month")
+# What a report's usage may be broken down by: the end users the requests named (`user`).
+GroupBy = Literal["user"]
+GROUPINGS: tuple[GroupBy, ...] = ("user",)
 OUTCOMES: tuple[str, ...] = tuple(o.value for o in Outcome)
 # Outcomes of requests that were admitted and ran: their waits and latencies are the
 # service's; a refused or timed-out request never ran.
@@ -157,6 +160,10 @@ class UsageReport:
     rejected_429: int
     rejections_by_status: dict[str, int]
     timeouts: int
+    # Per end user, when asked (`usage_by_user`: the first MAX_USERS of `users`); None
+    # otherwise.
+    by_user: list[dict[str, Any]] | None = None
+    users: int = 0
 
     @property
     def hours(self) -> float:
@@ -193,7 +200,7 @@ class UsageReport:
             "rejected_429": self.rejected_429,
             "rejections_by_status": self.rejections_by_status,
             "timeouts": self.timeouts,
-        }
+        } | ({"users": self.users, "by_user": self.by_user} if self.by_user is not None else {})
 
 
 def usage_records(*, tenant: Tenant, since: datetime, until: datetime) -> QuerySet[UsageRecord]:
@@ -216,7 +223,49 @@ def check_report_size(*, tenant: Tenant, since: datetime, until: datetime, max_r
         )
 
 
-def tenant_usage_report(*, tenant: Tenant, since: datetime, until: datetime) -> UsageReport:
+# The most end users a report lists, most tokens first; `users` says how many there were.
+MAX_USERS = 1000
+
+
+def usage_by_user(
+    *, tenant: Tenant, since: datetime, until: datetime
+) -> tuple[list[dict[str, Any]], int]:
+    """The range's requests and tokens per end user (the `user` its requests named; '' for
+    those that named none, and for refusals before admission, whose rows stand for a key's
+    refusals of a second), the MAX_USERS with most tokens first, and how many end users
+    there were. Grouped by the database, over the rows a report reads."""
+    records = usage_records(tenant=tenant, since=since, until=until).order_by()
+    per_outcome = {o: Sum("requests", filter=Q(outcome=o), default=0) for o in OUTCOMES}
+    rows = (
+        records.values("end_user")
+        .annotate(
+            n=Sum("requests"),
+            prompt=Sum("prompt_tokens"),
+            completion=Sum("completion_tokens"),
+            total=Sum("prompt_tokens") + Sum("completion_tokens"),
+            **per_outcome,
+        )
+        .order_by("-total", "-n", "end_user")[:MAX_USERS]
+    )
+    users = [
+        {
+            "user": row["end_user"],
+            "requests": {"total": row["n"], "by_outcome": {o: row[o] for o in OUTCOMES}},
+            "tokens": {
+                "prompt": row["prompt"],
+                "completion": row["completion"],
+                "total": row["total"],
+            },
+        }
+        for row in rows
+    ]
+    count = len(users) if len(users) < MAX_USERS else records.values("end_user").distinct().count()
+    return users, count
+
+
+def tenant_usage_report(
+    *, tenant: Tenant, since: datetime, until: datetime, group_by: GroupBy | None = None
+) -> UsageReport:
     if until <= since:
         raise BadPeriod(f"The report's end ({until.isoformat()}) is not after its start.")
     by_class = {c: dict.fromkeys(OUTCOMES, 0) for c in REQUEST_CLASSES}
@@ -259,6 +308,9 @@ def tenant_usage_report(*, tenant: Tenant, since: datetime, until: datetime) -> 
         until=until.timestamp(),
         quota_units=tenant.quota_units,
     )
+    by_user, users = None, 0
+    if group_by == "user":
+        by_user, users = usage_by_user(tenant=tenant, since=since, until=until)
     hours = (until - since).total_seconds() / 3600.0
     quota_unit_hours = tenant.quota_units * hours
     reserved_unit_hours = summary.unit_seconds / 3600.0
@@ -283,13 +335,21 @@ def tenant_usage_report(*, tenant: Tenant, since: datetime, until: datetime) -> 
         rejected_429=by_status.get("429", 0),
         rejections_by_status=dict(sorted(by_status.items())),
         timeouts=by_outcome[Outcome.TIMEOUT],
+        by_user=by_user,
+        users=users,
     )
 
 
 def tenant_usage_reports(
-    *, tenant: Tenant, since: datetime, until: datetime, per: Period | None = None
+    *,
+    tenant: Tenant,
+    since: datetime,
+    until: datetime,
+    per: Period | None = None,
+    group_by: GroupBy | None = None,
 ) -> list[UsageReport]:
-    """One report for [since, until), or one per hour/day/month within it."""
+    """One report for [since, until), or one per hour/day/month within it; each broken down
+    by `group_by` too, where asked."""
     if until <= since:
         raise BadPeriod(f"The report's end ({until.isoformat()}) is not after its start.")
     if per and (until - since) / _SHORTEST[per] > MAX_PERIODS:
@@ -298,7 +358,9 @@ def tenant_usage_reports(
             "longer period."
         )
     windows = period_windows(per, since, until) if per else [(since, until)]
-    return [tenant_usage_report(tenant=tenant, since=s, until=u) for s, u in windows]
+    return [
+        tenant_usage_report(tenant=tenant, since=s, until=u, group_by=group_by) for s, u in windows
+    ]
 
 
 # A report split into periods is computed period by period: bounded, so that no request can

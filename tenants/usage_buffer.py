@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -38,6 +38,7 @@ from django.db import connection
 from django.db.models import Field
 
 from config.redis import redis_client
+from scheduler.request_fields import MAX_USER_CHARS
 from tenants.models import UsageRecord
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,14 @@ log = logging.getLogger(__name__)
 PENDING_KEY = "gs:usage:pending"
 FLUSH_LOCK_KEY = "gs:usage:flush-lock"
 FLUSH_BATCH = 500
+
+
+def end_user(body: Mapping[str, Any]) -> str:
+    """The end user a request's body names (OpenAI's `user`), as its ledger row keeps it:
+    '' when none. The body was checked when the request came (a string of at most 256
+    characters, or null); the cut only keeps a row the column cannot hold out of the batch."""
+    user = body.get("user")
+    return user[:MAX_USER_CHARS] if isinstance(user, str) else ""
 
 
 def usage_push(fields: dict[str, Any]) -> None:

@@ -64,6 +64,7 @@ from scheduler.pools import engine_changes, fair_queue
 from scheduler.units import UNIT_BYTES
 from tenants.limits import Admission, limits_settle
 from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
+from tenants.usage_buffer import end_user
 from workers.runner import Relay, Run, RunResult, reserved_unit_seconds, run_job
 from workers.telemetry import UNRESERVED_KEY
 
@@ -514,6 +515,7 @@ def usage_fields(job: Job, request: dict[str, Any], result: RunResult) -> dict[s
         "request_class": job.request_class,
         "batch_id": request.get("batch_id", ""),
         "endpoint": request["endpoint"],
+        "end_user": end_user(request.get("body", {})),
         "outcome": result.outcome,
         "status_code": result.status_code,
         "prompt_tokens": result.prompt_tokens,

@@ -49,6 +49,7 @@ from scheduler.pools import fair_queue
 from scheduler.request_classes import REQUEST_CLASSES
 from tenants.keys import hash_key
 from tenants.models import ApiKey, Outcome, UsageRecord
+from tenants.usage_buffer import end_user
 from workers.models import EngineSample, GpuSample, Resolution, Sample
 from workers.smoothing import Point, counter_increase, downsample, engine_load, ewma, interval_mean
 
@@ -635,6 +636,7 @@ def timeouts_record(queue: FairQueue, job_ids: Iterable[str], *, now: float | No
                 request_class=job.request_class,
                 batch_id=request.get("batch_id", ""),
                 endpoint=request.get("endpoint", ""),
+                end_user=end_user(request.get("body", {})),
                 outcome=Outcome.TIMEOUT,
                 status_code=503,
                 error_code="queue_timeout",

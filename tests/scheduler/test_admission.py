@@ -379,3 +379,19 @@ def test_a_service_tier_chooses_the_class_among_those_the_tenant_may_send(bearer
     assert admitted_class("flex") == "offline"
     assert admitted_class("priority") == "standard"  # not allowed: the key's default
     assert admitted_class("default") == "standard"
+
+
+def test_the_end_user_a_request_names_reaches_its_ledger_row_through_the_job(bearer):
+    from workers.dispatch import usage_fields
+    from workers.runner import RunResult
+
+    request = parse_inference_request(
+        "chat",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+         "user": "customer-42"},
+    )  # fmt: skip
+    admitted = asyncio.run(online.admit(authorization=bearer, request=request, class_header=""))
+    job = fair_queue().get_job(admitted.job.job_id)
+    assert job is not None
+    row = usage_fields(job, json.loads(job.payload), RunResult(outcome="success"))
+    assert row["end_user"] == "customer-42"

@@ -78,7 +78,9 @@ def queue(redis_db, engine) -> FairQueue:
     return fair_queue()
 
 
-def chat_jsonl(count: int, *, start: int = 0, max_tokens: int = 8) -> bytes:
+def chat_jsonl(
+    count: int, *, start: int = 0, max_tokens: int = 8, user: str | None = None
+) -> bytes:
     lines = []
     for i in range(start, start + count):
         body = {
@@ -86,6 +88,8 @@ def chat_jsonl(count: int, *, start: int = 0, max_tokens: int = 8) -> bytes:
             "max_tokens": max_tokens,
             "messages": [{"role": "user", "content": f"question {i}"}],
         }
+        if user is not None:
+            body["user"] = f"{user}-{i}"
         lines.append(
             json.dumps(
                 {
@@ -251,6 +255,17 @@ def test_offline_jobs_carry_the_batch_and_line_and_are_offline_class(files_dir, 
     assert payload["custom_id"] == "req-0"
     assert payload["line"] == 1
     assert payload["stream"] is False
+
+
+def test_each_line_s_ledger_row_names_the_end_user_its_body_named(files_dir, queue, owner_key):
+    from tenants.usage_buffer import usage_flush
+
+    created = start_batch(bearer_client(owner_key), chat_jsonl(2, user="u"))
+    process(created["id"])
+    run_picked_jobs(queue)
+    assert usage_flush() == 2
+    rows = UsageRecord.objects.filter(batch_id=created["id"])
+    assert sorted(rows.values_list("end_user", flat=True)) == ["u-0", "u-1"]
 
 
 def test_a_job_run_twice_keeps_the_first_result_only(files_dir, queue, owner_key):

@@ -271,6 +271,8 @@ def test_fields_the_shared_engine_must_not_take_from_a_tenant_are_refused_by_nam
         ("chat", {"top_k": 2.5}, "top_k"),
         ("chat", {"ignore_eos": "yes"}, "ignore_eos"),
         ("chat", {"user": "u" * 257}, "user"),
+        ("completions", {"user": 42}, "user"),
+        ("chat", {"user": ["u"]}, "user"),
         ("chat", {"stream": True, "stream_options": {"continuous_usage_stats": True}},
          "stream_options"),
     ],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from dataclasses import replace
 
@@ -74,8 +75,9 @@ def test_no_body_is_read_before_the_key_is_known(transactional_db, path, authori
 
 @pytest.mark.parametrize(
     ("body", "param"),
-    [(b"{not json", None), (b'{"model": "m"}', "messages"), (b"\xff\xfe", None)],
-)
+    [(b"{not json", None), (b'{"model": "m"}', "messages"), (b"\xff\xfe", None),
+     (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": 7}', "user")],
+)  # fmt: skip
 def test_malformed_requests_are_400_with_the_field_named(body, param, auth):
     response = asgi_request("POST", CHAT, content=body, headers=auth)
     assert response.status_code == 400
@@ -151,7 +153,7 @@ def waiting_request(job_id: str) -> online.Admitted:
     job = Job(job_id=job_id, tenant="t", pool="p", request_class="standard", prompt_tokens=1,
               max_tokens=1, kv_bytes=1, deadline=9e9)  # fmt: skip
     request = parse_inference_request(
-        "chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        "chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": "u1"}
     )
     return online.Admitted(job, request, tenant_id=1, api_key_id=1, received_at=0.0)
 
@@ -435,6 +437,7 @@ def test_a_stream_broken_after_chunks_ends_with_an_error_its_row_written_in_a_th
     assert job.state == "cancelled"
     rows = redis_db.lrange(PENDING_KEY, 0, -1)
     assert [json.loads(row)["error_code"] for row in rows] == ["stream_broken"]
+    assert json.loads(rows[0])["end_user"] == "u1"
 
 
 @pytest.mark.parametrize("path", [CHAT, "/v1/files"])
@@ -524,3 +527,74 @@ def test_the_key_the_gate_checked_is_the_one_admission_uses(auth, monkeypatch):
     response = asgi_request("POST", CHAT, json=body, headers=auth)
     assert error_of(response)["code"] == "model_not_found"  # admitted as far as the route
     assert looked_up == [auth["Authorization"]]  # once, by the gate
+
+
+def answer_the_first_queued_job(answer: dict) -> threading.Thread:
+    """A worker's stand-in: the first job queued for the ready engine's tenant is answered
+    `done` with `answer` as its body (nothing runs it here)."""
+    from scheduler.pools import fair_queue
+    from tests.scheduler.test_admission import queued_ids
+
+    def answering() -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            ids = queued_ids()
+            if ids:
+                fair_queue().publish(ids[0], {"event": "done", "attempt": 1, "body": answer})
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=answering, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("stream", [False, True])
+def test_answers_and_the_429_carry_the_tenant_s_rate_limits_as_openai_sends_them(
+    redis_db, tmp_path, stream
+):
+    from scheduler.pools import fair_queue
+    from tenants.models import Tenant
+    from tenants.services import tenant_update
+    from tests.scheduler.test_admission import MODEL, key_to_a_ready_engine
+
+    headers = {"Authorization": key_to_a_ready_engine(tmp_path)}
+    tenant_update(tenant=Tenant.objects.get(slug="acme"), rpm_limit=1, tpm_limit=100_000)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8,
+            "stream": stream}  # fmt: skip
+    answering = answer_the_first_queued_job({"object": "chat.completion", "choices": []})
+    answered = asgi_request("POST", CHAT, json=body, headers=headers)
+    answering.join()
+    assert answered.status_code == 200
+    job = fair_queue().get_job(answered.headers["x-request-id"])
+    assert job is not None
+    assert {k: v for k, v in answered.headers.items() if k.startswith("x-ratelimit-")} == {
+        "x-ratelimit-limit-requests": "1", "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": answered.headers["x-ratelimit-reset-requests"],
+        "x-ratelimit-limit-tokens": "100000",
+        "x-ratelimit-remaining-tokens": str(100_000 - job.prompt_tokens - job.max_tokens),
+        "x-ratelimit-reset-tokens": answered.headers["x-ratelimit-reset-tokens"],
+    }  # fmt: skip
+    # This minute's request weighs on the window until the next minute ends: 60-120 s.
+    assert answered.headers["x-ratelimit-reset-requests"].startswith("1m")
+    refused = asgi_request("POST", CHAT, json=body, headers=headers)
+    assert refused.status_code == 429
+    assert error_of(refused)["code"] == "rate_limit_exceeded"
+    assert refused.headers["retry-after"]
+    assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+    assert refused.headers["x-ratelimit-limit-tokens"] == "100000"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tenant_without_minute_limits_gets_no_rate_limit_headers(redis_db, tmp_path):
+    from tests.scheduler.test_admission import MODEL, key_to_a_ready_engine
+
+    headers = {"Authorization": key_to_a_ready_engine(tmp_path)}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    answering = answer_the_first_queued_job({"object": "chat.completion", "choices": []})
+    answered = asgi_request("POST", CHAT, json=body, headers=headers)
+    answering.join()
+    assert answered.status_code == 200
+    assert answered.headers["x-request-id"]
+    assert not [k for k in answered.headers if k.startswith("x-ratelimit-")]

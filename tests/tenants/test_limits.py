@@ -16,6 +16,7 @@ from tenants.limits import (
     Admission,
     BudgetExhausted,
     RateLimited,
+    duration_text,
     limits_admit_async,
     limits_settle,
 )
@@ -67,7 +68,10 @@ def test_it_refuses_the_request_over_the_rpm_limit_with_retry_after(owner, redis
     with pytest.raises(RateLimited) as caught:
         limits_admit(tenant=owner, estimated_tokens=10, now=NOW + 1)
     assert caught.value.http_status == 429
-    assert caught.value.headers["Retry-After"] == "29"
+    assert caught.value.headers == {
+        "Retry-After": "29", "x-ratelimit-limit-requests": "3",
+        "x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "1m29s",
+    }  # fmt: skip
     assert "3 requests per minute" in caught.value.message
 
 
@@ -146,3 +150,50 @@ def test_without_limits_nothing_is_counted_so_settling_refunds_nothing(
     redis_db.set(token_key, 700)
     limits_settle(admission=admission, used_tokens=10)
     assert redis_db.get(token_key) == "700"
+
+
+def test_an_admission_carries_what_the_minute_limits_leave_as_openai_headers(
+    owner, redis_db, limits_admit
+):
+    tenant_update(tenant=owner, rpm_limit=3, tpm_limit=100)
+    limits_admit(tenant=owner, estimated_tokens=10, now=NOW)
+    admission = limits_admit(tenant=owner, estimated_tokens=25, now=NOW + 0.5)
+    # This minute's requests weigh on the window until the end of the next minute: 89.5 s.
+    assert admission.headers == {
+        "x-ratelimit-limit-requests": "3", "x-ratelimit-remaining-requests": "1",
+        "x-ratelimit-reset-requests": "1m29.5s", "x-ratelimit-limit-tokens": "100",
+        "x-ratelimit-remaining-tokens": "65", "x-ratelimit-reset-tokens": "1m29.5s",
+    }  # fmt: skip
+    assert "headers" not in admission.settling_fields()
+    assert Admission(**admission.settling_fields()) == admission
+
+
+def test_a_used_up_budget_s_429_carries_the_minute_limits(owner, redis_db, limits_admit):
+    tenant_update(tenant=owner, tpm_limit=1000, token_budget=100, budget_period="day")
+    limits_admit(tenant=owner, estimated_tokens=90, now=NOW)
+    # A minute later the 90 tokens weigh half, and the window is empty in 30 s; no rpm
+    # limit, no requests headers.
+    with pytest.raises(BudgetExhausted) as caught:
+        limits_admit(tenant=owner, estimated_tokens=20, now=NOW + 60)
+    assert caught.value.headers == {
+        "x-ratelimit-limit-tokens": "1000", "x-ratelimit-remaining-tokens": "955",
+        "x-ratelimit-reset-tokens": "30s",
+    }  # fmt: skip
+
+
+def test_a_tenant_without_minute_limits_gets_no_headers(owner, redis_db, limits_admit):
+    assert limits_admit(tenant=owner, estimated_tokens=10, now=NOW).headers == {}
+    tenant_update(tenant=owner, token_budget=1000, budget_period="day")
+    budgeted = limits_admit(tenant=owner, estimated_tokens=10, now=NOW)
+    assert budgeted.counted
+    assert budgeted.headers == {}
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [(0, "0s"), (-5, "0s"), (17, "17ms"), (999, "999ms"), (1000, "1s"), (59_500, "59.5s"),
+     (8_640, "8.64s"), (60_000, "1m0s"), (360_000, "6m0s"), (89_501, "1m29.501s"),
+     (3_600_000, "1h0m0s"), (3_723_000, "1h2m3s")],
+)  # fmt: skip
+def test_durations_are_written_as_openai_writes_its_resets(ms, text):
+    assert duration_text(ms) == text

@@ -40,6 +40,7 @@ def record(
     prompt: int = 0,
     completion: int = 0,
     status: int = 200,
+    user: str = "",
 ) -> UsageRecord:
     """A ledger row; `run` is the (start, end) of its reservation in seconds after T0."""
     if run is not None:
@@ -64,6 +65,7 @@ def record(
         queue_wait_ms=wait_ms,
         latency_ms=latency_ms,
         finished_at=finished,
+        end_user=user,
     )
 
 
@@ -273,6 +275,76 @@ def test_usage_without_a_key_is_an_openai_style_401(db):
 
 def test_a_bad_range_on_v1_usage_is_an_openai_style_400(owner_key: IssuedKey):
     response = bearer_client(owner_key).get("/v1/usage", {"since": "yesterday-ish"})
+    assert response.status_code == 400
+    assert "error" in response.json()
+
+
+def by_user_of(report: dict) -> dict[str, tuple[int, dict[str, int], int, int]]:
+    """End user -> (requests, requests by outcome that are not 0, prompt, completion tokens)."""
+    by_user = {}
+    for u in report["by_user"]:
+        outcomes = {o: n for o, n in u["requests"]["by_outcome"].items() if n}
+        tokens = u["tokens"]
+        by_user[u["user"]] = (
+            u["requests"]["total"],
+            outcomes,
+            tokens["prompt"],
+            tokens["completion"],
+        )
+    return by_user
+
+
+def test_a_tenant_s_usage_is_broken_down_by_its_own_end_users(
+    owner: Tenant, outsider: Tenant, owner_key: IssuedKey
+):
+    record(owner, at=10, user="alice", prompt=10, completion=20)
+    record(owner, at=20, user="alice", prompt=1, completion=2, outcome="error", status=500)
+    record(owner, at=30, user="bob", prompt=5, completion=5)
+    record(owner, at=40, prompt=7)  # named nobody
+    record(owner, at=50, user="alice", outcome="rejected", status=429)
+    record(outsider, at=10, user="alice", prompt=999, completion=999)
+    record(owner, at=4000, user="carol", prompt=1000)  # after the hour
+    body = bearer_client(owner_key).get("/v1/usage", {**HOUR, "group_by": "user"}).json()
+    total = body["total"]
+    assert total["users"] == 3
+    assert by_user_of(total) == {
+        "alice": (3, {"success": 1, "error": 1, "rejected": 1}, 11, 22),
+        "bob": (1, {"success": 1}, 5, 5),
+        "": (1, {"success": 1}, 7, 0),
+    }
+    assert [u["user"] for u in total["by_user"]] == ["alice", "bob", ""]  # most tokens first
+    assert total["by_user"][0]["tokens"]["total"] == 33
+    assert "by_user" not in bearer_client(owner_key).get("/v1/usage", HOUR).json()["total"]
+
+
+def test_each_period_is_broken_down_by_end_user_too(owner: Tenant, owner_key: IssuedKey):
+    record(owner, at=10, user="alice", prompt=1)
+    record(owner, at=3700, user="bob", prompt=2)
+    two_hours = {**HOUR, "until": (T0 + timedelta(hours=2)).isoformat()}
+    body = (
+        bearer_client(owner_key)
+        .get("/v1/usage", {**two_hours, "per": "hour", "group_by": "user"})
+        .json()
+    )
+    assert [list(by_user_of(p)) for p in body["periods"]] == [["alice"], ["bob"]]
+    assert list(by_user_of(body["total"])) == ["bob", "alice"]
+
+
+def test_a_report_lists_so_many_end_users_and_says_how_many_there_were(
+    owner: Tenant, owner_key: IssuedKey, monkeypatch
+):
+    from tenants import reports
+
+    monkeypatch.setattr(reports, "MAX_USERS", 2)
+    for i, user in enumerate(["a", "b", "c", "d"]):
+        record(owner, at=10 + i, user=user, prompt=i)
+    total = bearer_client(owner_key).get("/v1/usage", {**HOUR, "group_by": "user"}).json()["total"]
+    assert total["users"] == 4
+    assert [u["user"] for u in total["by_user"]] == ["d", "c"]
+
+
+def test_an_unknown_grouping_is_an_openai_style_400(owner_key: IssuedKey):
+    response = bearer_client(owner_key).get("/v1/usage", {"group_by": "model"})
     assert response.status_code == 400
     assert "error" in response.json()
 

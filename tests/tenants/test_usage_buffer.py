@@ -9,6 +9,7 @@ from tenants.usage_buffer import (
     FLUSH_BATCH,
     FLUSH_LOCK_KEY,
     PENDING_KEY,
+    end_user,
     usage_flush,
     usage_push,
 )
@@ -116,7 +117,8 @@ def test_a_row_with_only_the_required_fields_gets_every_default(owner, redis_db)
     assert {k: v for k, v in bare.items() if k != "id"} == {
         "request_id": "bare", "tenant_id": owner.pk, "api_key_id": None, "model": "m",
         "engine": "", "request_class": "standard", "batch_id": "", "endpoint": "",
-        "outcome": "success", "status_code": 200, "prompt_tokens": 0, "completion_tokens": 0,
+        "end_user": "", "outcome": "success", "status_code": 200, "prompt_tokens": 0,
+        "completion_tokens": 0,
         "reserved_units": 0, "reserved_unit_seconds": 0, "queue_wait_ms": 0, "ttft_ms": None,
         "latency_ms": 0, "error_code": "", "finished_at": datetime(2026, 11, 30, tzinfo=UTC),
         "requests": 1,
@@ -154,13 +156,25 @@ AWKWARD = [
 @pytest.mark.parametrize("text", AWKWARD)
 def test_text_is_written_exactly_whatever_its_characters(owner, redis_db, text):
     usage_push(fields(owner, "awkward", model=text, engine=text, error_code=text,
-                      batch_id=text, endpoint=text))  # fmt: skip
+                      batch_id=text, endpoint=text, end_user=text))  # fmt: skip
     usage_push(fields(owner, "plain", model="m"))  # a neighbour, so the text is one of several
     assert usage_flush() == 2
     written = UsageRecord.objects.get(request_id="awkward")
     assert [written.model, written.engine, written.error_code, written.batch_id,
-            written.endpoint] == [text] * 5  # fmt: skip
+            written.endpoint, written.end_user] == [text] * 6  # fmt: skip
     assert UsageRecord.objects.get(request_id="plain").model == "m"
+
+
+def test_the_longest_end_user_a_request_may_name_is_kept_whole(owner, redis_db):
+    longest = "😀" * 256  # characters, as the request's check counts them: 1 KiB of UTF-8
+    usage_push(fields(owner, "long", end_user=end_user({"user": longest})))
+    assert usage_flush() == 1
+    assert UsageRecord.objects.get(request_id="long").end_user == longest
+
+
+@pytest.mark.parametrize(("body", "kept"), [({}, ""), ({"user": None}, ""), ({"user": "u1"}, "u1")])
+def test_a_body_without_a_user_is_kept_as_nobody(body, kept):
+    assert end_user(body) == kept
 
 
 def test_a_request_id_with_awkward_characters_is_kept_exactly(owner, redis_db):

@@ -26,7 +26,8 @@ from workers.telemetry import unreserved_prompt_tokens
 POOL = "m"
 UNIT = 256 * 1024 * 1024
 SEATS = 40  # far above the worker's thread count (8 in `make run`)
-PAYLOAD = {"tenant_id": 7, "model": POOL, "endpoint": "chat", "stream": False}
+PAYLOAD = {"tenant_id": 7, "model": POOL, "endpoint": "chat", "stream": False,
+           "body": {"user": "end-user-1"}}  # fmt: skip
 
 
 @pytest.fixture
@@ -141,6 +142,7 @@ def test_each_run_is_released_with_its_tokens_answer_and_ledger_row(
     rows = [json.loads(row) for row in queue.redis.lrange(USAGE_PENDING_KEY, 0, -1)]
     assert sorted(row["request_id"] for row in rows) == sorted(ids)
     assert {(row["prompt_tokens"], row["completion_tokens"]) for row in rows} == {(10, 5)}
+    assert {row["end_user"] for row in rows} == {"end-user-1"}  # the body's `user`
 
 
 def test_a_prompt_longer_than_its_reservation_is_counted_for_its_tenant(

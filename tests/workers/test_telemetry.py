@@ -490,7 +490,7 @@ def test_jobs_the_queue_expired_become_timeout_rows_once(live, owner_key: Issued
     queue.set_tenant_policy("acme", TenantPolicy(weight=1.0, quota_bytes=100 * UNIT_BYTES))
     payload = {
         "tenant_id": owner_key.api_key.tenant_id, "api_key_id": owner_key.api_key.pk,
-        "model": "m", "endpoint": "chat", "received_at": 1000.0,
+        "model": "m", "endpoint": "chat", "received_at": 1000.0, "body": {"user": "u-42"},
     }  # fmt: skip
     job = queue.enqueue(tenant="acme", pool="m", request_class="interactive", prompt_tokens=1,
                         max_tokens=1, kv_bytes=UNIT_BYTES, payload=json.dumps(payload),
@@ -509,3 +509,4 @@ def test_jobs_the_queue_expired_become_timeout_rows_once(live, owner_key: Issued
         payload["api_key_id"],
     )
     assert row.queue_wait_ms == 31_500
+    assert row.end_user == "u-42"
