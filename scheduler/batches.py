@@ -73,7 +73,10 @@ from tenants.models import ApiKey, Tenant, UsageRecord
 log = logging.getLogger(__name__)
 
 COMPLETION_WINDOWS = ("24h",)
-ENDPOINTS_BY_PATH: dict[str, Endpoint] = {path: name for name, path in ENDPOINT_PATHS.items()}
+# The Responses API is served online only.
+ENDPOINTS_BY_PATH: dict[str, Endpoint] = {
+    path: name for name, path in ENDPOINT_PATHS.items() if name != "responses"
+}
 # A failed batch reports at most this many line errors: enough to fix a file, bounded.
 MAX_REPORTED_ERRORS = 1000
 METADATA_MAX_PAIRS = 16

@@ -33,7 +33,13 @@ from django.conf import settings
 from config import wire
 from scheduler.engines.aio_client import AsyncEngineClient
 from scheduler.engines.auth import engine_api_key
-from scheduler.engines.calls import client_data, engine_body, engine_path, usage_counts
+from scheduler.engines.calls import (
+    ResponseEvents,
+    client_data,
+    engine_body,
+    engine_path,
+    usage_counts,
+)
 from scheduler.engines.client import EngineRequestError, EngineUnavailable
 from scheduler.fairqueue.aio import AsyncFairQueue
 from scheduler.fairqueue.inbox import parse_event
@@ -110,23 +116,29 @@ class GrantedStream:
         self.attempt = int(grant["attempt"])
         self.url, self.reply = str(grant["url"]), str(grant["reply"])
         self.words = words  # the job's inbox queue: looked through for a newer grant
+        self._report_of_events = Report()
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         report = Report()
         alive = asyncio.ensure_future(self._say_alive())
         try:
-            first_token_at, counts = None, (0, 0)
-            async for data, chunk in self._chunks():
-                if first_token_at is None and chunk.get("choices"):
-                    first_token_at = time.time()
-                counts = usage_counts(chunk.get("usage")) or counts
-                passed_on = client_data(data, chunk, bool(self.call.get("include_usage")))
-                if passed_on is not None:
-                    yield {"event": "chunk", "attempt": self.attempt, "raw": passed_on}
-            report = Report(
-                prompt_tokens=counts[0], completion_tokens=counts[1],
-                first_token_at=first_token_at,
-            )  # fmt: skip
+            if self.call.get("endpoint") == "responses":
+                async for raw in self._response_events():
+                    yield {"event": "chunk", "attempt": self.attempt, "raw": raw}
+                report = self._report_of_events
+            else:
+                first_token_at, counts = None, (0, 0)
+                async for data, chunk in self._chunks():
+                    if first_token_at is None and chunk.get("choices"):
+                        first_token_at = time.time()
+                    counts = usage_counts(chunk.get("usage")) or counts
+                    passed_on = client_data(data, chunk, bool(self.call.get("include_usage")))
+                    if passed_on is not None:
+                        yield {"event": "chunk", "attempt": self.attempt, "raw": passed_on}
+                report = Report(
+                    prompt_tokens=counts[0], completion_tokens=counts[1],
+                    first_token_at=first_token_at,
+                )  # fmt: skip
         except EngineRequestError as exc:
             report = Report(outcome="refused", status_code=exc.status_code, detail=exc.body)
         except EngineUnavailable as exc:
@@ -144,7 +156,7 @@ class GrantedStream:
 
     async def _chunks(self) -> AsyncIterator[tuple[bytes, dict[str, Any]]]:
         client = engine_client(self.url)
-        body = engine_body(self.call, self.request_class)
+        body = self._body()
         finished = False
         async for data in client.stream(engine_path(self.call), body):
             chunk: dict[str, Any] = wire.loads(data)
@@ -155,6 +167,27 @@ class GrantedStream:
             # An engine whose core died can still end the stream with [DONE]: without a
             # finish reason, the answer is cut short.
             raise EngineUnavailable("the engine's stream ended without a finish reason")
+
+    async def _response_events(self) -> AsyncIterator[bytes]:
+        """A Responses stream's events as the engine wrote them (`event:` line and all); its
+        report (`_report_of_events`) is set once its last event came."""
+        client = engine_client(self.url)
+        reading, first_token_at = ResponseEvents(), None
+        async for frame, data in client.events(engine_path(self.call), self._body()):
+            reading.read(data)
+            if first_token_at is None and reading.first_output:
+                first_token_at = time.time()
+            yield frame
+        if not reading.ended:
+            raise EngineUnavailable("the engine's stream ended before its last event")
+        prompt_tokens, completion_tokens = reading.counts
+        self._report_of_events = Report(
+            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+            first_token_at=first_token_at,
+        )  # fmt: skip
+
+    def _body(self) -> dict[str, Any]:
+        return engine_body(self.call, self.request_class)
 
     async def _say_alive(self) -> None:
         while True:

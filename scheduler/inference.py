@@ -19,15 +19,16 @@ from config import wire
 from scheduler.request_classes import REQUEST_CLASSES
 from scheduler.request_fields import field_problem
 
-Endpoint = Literal["chat", "completions", "embeddings"]
+Endpoint = Literal["chat", "completions", "embeddings", "responses"]
 ENDPOINT_PATHS: dict[Endpoint, str] = {
     "chat": "/v1/chat/completions",
     "completions": "/v1/completions",
     "embeddings": "/v1/embeddings",
+    "responses": "/v1/responses",
 }
 # The endpoints that generate tokens (served by `generate` engines); embeddings are served
 # by `embed` engines, hold KV for their inputs only, and never stream.
-GENERATION_ENDPOINTS: frozenset[Endpoint] = frozenset({"chat", "completions"})
+GENERATION_ENDPOINTS: frozenset[Endpoint] = frozenset({"chat", "completions", "responses"})
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 # Fields that are the platform's, not the engine's: they are removed before forwarding.
 PLATFORM_FIELDS = ("request_class", "service_tier")
@@ -96,6 +97,9 @@ def parse_inference_request(
     if endpoint == "chat":
         _check_messages(body.get("messages"))
         prompts = 1
+    elif endpoint == "responses":
+        _check_response_input(body)
+        prompts = 1
     elif endpoint == "completions":
         prompts = len(_prompt_list(body.get("prompt")))
     else:
@@ -111,7 +115,8 @@ def parse_inference_request(
     max_tokens = _max_tokens(body) if endpoint in GENERATION_ENDPOINTS else 0
     _check_sampling(body)
     stream = _optional_bool(body, "stream") or False
-    include_usage = _include_usage(body, stream)
+    # A Responses stream always ends with its usage (in `response.completed`), as OpenAI's.
+    include_usage = endpoint == "responses" or _include_usage(body, stream)
     request_class = body.get("request_class")
     if request_class is not None and request_class not in REQUEST_CLASSES:
         raise InvalidRequest(
@@ -186,6 +191,119 @@ def _check_messages(messages: Any) -> None:
             )
 
 
+# A Responses request's input items the platform serves: messages of text, and a function
+# tool's call and its output (an agent's loop, sent whole each turn). The other items are
+# images and files (the engines serve text), reasoning, or a reference to a kept item.
+RESPONSE_ROLES = ("user", "system", "developer", "assistant")
+RESPONSE_TEXT_PARTS = frozenset({"input_text", "output_text"})
+
+
+def _check_response_input(body: dict[str, Any]) -> None:
+    """A Responses request's `instructions` and `input`: a string, or an array of items."""
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise InvalidRequest("'instructions' must be a string.", param="instructions")
+    items = body.get("input")
+    if isinstance(items, str):
+        return
+    if not isinstance(items, list) or not items:
+        raise InvalidRequest(
+            "'input' must be a string or a non-empty array of items.", param="input"
+        )
+    for i, item in enumerate(items):
+        where = f"input.[{i}]"
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"{where} must be an object.", param=where)
+        kind = item.get("type", "message")
+        if kind == "message":
+            _check_response_message(item, where)
+        elif kind in ("function_call", "function_call_output"):
+            fields = ("call_id", "name", "arguments") if kind == "function_call" else (
+                "call_id", "output"
+            )  # fmt: skip
+            for name in fields:
+                if not isinstance(item.get(name), str):
+                    raise InvalidRequest(
+                        f"{where}.{name} must be a string.", param=f"{where}.{name}"
+                    )
+        else:
+            raise InvalidRequest(
+                f"{where}.type {kind!r} is not served here: use messages of text, "
+                "function_call and function_call_output items.",
+                param=f"{where}.type",
+            )
+
+
+def _check_response_message(item: dict[str, Any], where: str) -> None:
+    if item.get("role") not in RESPONSE_ROLES:
+        raise InvalidRequest(
+            f"{where}.role must be one of {', '.join(RESPONSE_ROLES)}.", param=f"{where}.role"
+        )
+    content = item.get("content")
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise InvalidRequest(
+            f"{where}.content must be a string or an array of text parts.",
+            param=f"{where}.content",
+        )
+    for j, part in enumerate(content):
+        at = f"{where}.content.[{j}]"
+        if not isinstance(part, dict) or part.get("type") not in RESPONSE_TEXT_PARTS:
+            raise InvalidRequest(
+                f"{at} must be an input_text or output_text part: the engines here serve text.",
+                param=f"{at}.type",
+            )
+        if not isinstance(part.get("text"), str):
+            raise InvalidRequest(f"{at}.text must be a string.", param=f"{at}.text")
+
+
+def response_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Responses request's instructions and input as the chat messages vLLM builds its
+    prompt from (vllm/entrypoints/openai/responses/utils.py): the instructions as a system
+    message, a string input as a user message, a function call as an assistant's tool call
+    (merged into the assistant message before it), its output as a tool message. Where vLLM
+    keeps less (an assistant message's first part only), these keep all: counted from them,
+    the prompt is never under-counted."""
+    messages: list[dict[str, Any]] = []
+    if body.get("instructions"):
+        messages.append({"role": "system", "content": body["instructions"]})
+    items = body["input"]
+    if isinstance(items, str):
+        return [*messages, {"role": "user", "content": items}]
+    for item in items:
+        kind = item.get("type", "message")
+        last = messages[-1] if messages and messages[-1]["role"] == "assistant" else None
+        if kind == "function_call":
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}  # fmt: skip
+            if last is not None:
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            messages.append(
+                {"role": "tool", "content": item["output"], "tool_call_id": item["call_id"]}
+            )
+        else:
+            content = item["content"]
+            if not isinstance(content, str):
+                content = [{"type": "text", "text": part["text"]} for part in content]
+            if item["role"] == "assistant" and last is not None and last["content"] is None:
+                last["content"] = content
+            else:
+                messages.append({"role": item["role"], "content": content})
+    return messages
+
+
+def response_chat_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Responses' flat function tools as chat's, which the chat template renders."""
+    return [
+        {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
+        for tool in tools
+    ]
+
+
 def _prompt_list(prompt: Any, param: str = "prompt") -> list[str | list[int]]:
     """A completion's prompts (or an embedding request's inputs), one item each: OpenAI
     takes a string, an array of token ids, or an array of either (lm-evaluation-harness sends
@@ -240,7 +358,7 @@ def _is_token_id(value: Any) -> bool:
 
 def _max_tokens(body: dict[str, Any]) -> int | None:
     asked: int | None = None
-    for field in ("max_completion_tokens", "max_tokens"):
+    for field in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = body.get(field)
         if value is None:
             continue
@@ -302,6 +420,8 @@ def prompt_token_bound(request: InferenceRequest) -> int:
     text as its tokenizer may normalise it (`text_bytes`) bound the text, plus the chat
     template's markers per message."""
     body = request.body
+    if request.endpoint == "responses":
+        return _response_prompt_bound(body)
     if request.endpoint == "completions":
         prompt = body["prompt"]
         if isinstance(prompt, list) and prompt and _is_token_id(prompt[0]):
@@ -340,8 +460,10 @@ def bounded_prompt_tokens(request: InferenceRequest, max_model_len: int, limit: 
     can say: the byte bound plus a margin, for short text prompts (bound <= `limit`) of a
     request that asks for `max_tokens` and fits the model's length even counted so. The KV
     reserved is then a little more than needed; the real tokens are charged at the end."""
-    if request.max_tokens is None or not set(request.body) <= PROMPT_NEUTRAL_FIELDS:
+    if request.max_tokens is None:
         return None
+    if request.endpoint != "responses" and not set(request.body) <= PROMPT_NEUTRAL_FIELDS:
+        return None  # (a Responses request's bound counts all that enters its prompt)
     if request.endpoint == "chat" and not all(
         set(m) <= PLAIN_MESSAGE_FIELDS and _text_only(m.get("content"))
         for m in request.body["messages"]
@@ -377,6 +499,8 @@ def reserved_prompt_tokens(request: InferenceRequest) -> int:
     otherwise every byte of whatever can enter the prompt (the messages whole, tool calls,
     names and parts included, and the body's fields that are not prompt-neutral, such as
     tools), as JSON, plus the template's markers per message and the margin."""
+    if request.endpoint == "responses":
+        return _response_prompt_bound(request.body) + BOUND_MARGIN_TOKENS
     plain = set(request.body) <= PROMPT_NEUTRAL_FIELDS and (
         request.endpoint == "completions"
         or all(
@@ -394,6 +518,35 @@ def reserved_prompt_tokens(request: InferenceRequest) -> int:
         prompt_bytes = text_bytes(wire.dumps(request.body["messages"]))
         markers = CHAT_TEMPLATE_OVERHEAD_TOKENS * (len(request.body["messages"]) + 1)
     return prompt_bytes + text_bytes(wire.dumps(extra)) + markers + BOUND_MARGIN_TOKENS
+
+
+# A Responses request's fields that do not enter its prompt; the others (input, instructions,
+# tools, tool_choice, reasoning, ...) go through the chat template, or may.
+RESPONSE_PROMPT_NEUTRAL_FIELDS = frozenset({
+    "model", "input", "instructions", "max_output_tokens", "max_tokens", "stream",
+    "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "user", "logit_bias",
+    "top_logprobs", "store", "background", "metadata", "include", "prompt_cache_key",
+    "truncation", "parallel_tool_calls", "text", "skip_special_tokens",
+    "include_stop_str_in_output", "priority", "cache_salt",
+})  # fmt: skip
+
+
+def _response_prompt_bound(body: dict[str, Any]) -> int:
+    """Every byte of what can enter a Responses request's prompt (its input, as JSON when it
+    is a list of items, its instructions, and its fields that are not prompt-neutral, tools
+    included, as JSON), plus the template's markers for each message and the answer's."""
+    items = body["input"]
+    if isinstance(items, str):
+        total, messages = text_bytes(items), 1
+    else:
+        total, messages = text_bytes(wire.dumps(items)), len(items)
+    if body.get("instructions"):
+        total, messages = total + text_bytes(body["instructions"]), messages + 1
+    extra = {k: v for k, v in body.items() if k not in RESPONSE_PROMPT_NEUTRAL_FIELDS}
+    if extra:
+        total += text_bytes(wire.dumps(extra))
+    return total + CHAT_TEMPLATE_OVERHEAD_TOKENS * (messages + 1)
 
 
 def _text_only(content: Any) -> bool:
@@ -435,7 +588,20 @@ TOKENIZE_CHAT_FIELDS = ("continue_final_message", "chat_template_kwargs", "tools
 def tokenize_request_body(request: InferenceRequest) -> dict[str, Any]:
     """The body of vLLM's `/tokenize` that counts this request's prompt as the engine will:
     for a chat, its messages through the template with everything that enters it (the tool
-    definitions, the template's arguments)."""
+    definitions, the template's arguments); for a Responses request, the chat messages and
+    tools vLLM makes of it (`response_messages`), with the template's arguments its
+    reasoning sets."""
+    if request.endpoint == "responses":
+        body = {"model": request.model, "messages": response_messages(request.body),
+                "add_generation_prompt": True}  # fmt: skip
+        if request.body.get("tools"):
+            body["tools"] = response_chat_tools(request.body["tools"])
+        effort = (request.body.get("reasoning") or {}).get("effort")
+        if effort is not None:
+            body["chat_template_kwargs"] = {
+                "reasoning_effort": effort, "enable_thinking": effort != "none"
+            }  # fmt: skip
+        return body
     if request.endpoint == "chat":
         generation_prompt = request.body.get("add_generation_prompt", True)
         body = {"model": request.model, "messages": request.body["messages"],

@@ -307,6 +307,12 @@ async def count_prompts(parts: list[InferenceRequest], engine: Engine) -> list[i
     return [count for count in counts if count is not None]
 
 
+# The field a request's prompt is in, for the error that says it is too long.
+PROMPT_PARAMS = {
+    "chat": "messages", "completions": "prompt", "responses": "input", "embeddings": "input",
+}  # fmt: skip
+
+
 def bounded_max_tokens(request: InferenceRequest, prompt_tokens: int, max_model_len: int) -> int:
     """`max_tokens` as run: as asked, or what the model's length leaves the prompt (the
     longest, for a list of prompts); ContextTooLong when nothing is left. An embedding
@@ -320,7 +326,7 @@ def bounded_max_tokens(request: InferenceRequest, prompt_tokens: int, max_model_
             f"requested {prompt_tokens + asked} tokens ({prompt_tokens} in the messages, "
             f"{asked} in the completion). Please reduce the length of the messages or "
             "completion.",
-            param={"chat": "messages", "completions": "prompt"}.get(request.endpoint, "input"),
+            param=PROMPT_PARAMS[request.endpoint],
         )
     return request.max_tokens if request.max_tokens is not None else room
 

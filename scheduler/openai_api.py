@@ -1,7 +1,7 @@
-"""The OpenAI-compatible API: models, chat completions and completions.
+"""The OpenAI-compatible API: models, chat completions, completions and responses.
 
-Chat and completions are a lean ASGI app that `config/asgi.py` puts in front of Django for
-those two paths (`inference_app`): a request waits in the fair queue and then streams, and
+The inference endpoints are a lean ASGI app that `config/asgi.py` puts in front of Django for
+those paths (`inference_app`): a request waits in the fair queue and then streams, and
 holds no thread meanwhile. They skip Django's request handling on purpose: Django runs each
 middleware that is not natively async (sessions, CSRF, auth, messages, ...) through a hop to
 a thread and back, in a thread made for each request, and closes each response through one
@@ -58,6 +58,7 @@ INFERENCE_PATHS: dict[str, Endpoint] = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
+    "/v1/responses": "responses",
 }
 
 # Redis (the queue) or the database not answering: the client can retry, so 503, never 500.
@@ -134,8 +135,9 @@ async def tenant_key_gate(scope: Scope, send: Send) -> bool:
 
 
 async def inference_app(scope: Scope, receive: Receive, send: Send) -> None:
-    """POST /v1/chat/completions and /v1/completions. A client that goes away cancels its
-    request: its job leaves the queue, or its engine stops generating for nobody."""
+    """POST /v1/chat/completions, /v1/completions and /v1/responses. A client that goes away
+    cancels its request: its job leaves the queue, or its engine stops generating for
+    nobody."""
     endpoint = INFERENCE_PATHS[scope["path"]]
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
     if scope["method"] != "POST":
@@ -230,7 +232,7 @@ async def inference(
     client_gone: asyncio.Event,
     api_key: ApiKey | None = None,
 ) -> Reply:
-    """Admits one chat or completion request and answers it (or starts its stream);
+    """Admits one chat, completion or Responses request and answers it (or starts its stream);
     `client_gone` stops the waiting or the stream (see `online.follow`). `api_key`: the
     header's key where `tenant_key_gate` checked it; its tenant's optional request fields
     (scheduler/request_fields.py) are allowed."""
@@ -308,40 +310,71 @@ def _sse_data(payload: Any) -> bytes:
     return b"data: " + wire.dumps_bytes(payload) + b"\n\n"
 
 
+@dataclass(frozen=True)
+class _Framing:
+    """How a stream's events are written: before each chunk the engine wrote, after the
+    last, and an error (an OpenAI error body)."""
+
+    chunk: bytes
+    end: bytes
+    error: Callable[[dict[str, Any]], bytes]
+
+
+def _response_error(body: dict[str, Any]) -> bytes:
+    """A Responses stream's `error` event: OpenAI's fields (code, message, param), and the
+    error body whole, which the `openai` client raises as an APIError."""
+    error = body["error"]
+    data = {"type": "error", "code": error.get("code"), "message": error.get("message"),
+            "param": error.get("param"), "error": error}  # fmt: skip
+    return b"event: error\n" + _sse_data(data)
+
+
+# Chat and completions: `data:` lines of chunks, then `data: [DONE]`. Responses: each event as
+# the engine wrote it, its `event:` line with it (scheduler.engines.aio_client.events), and
+# no [DONE], as OpenAI's.
+CHAT_FRAMING = _Framing(b"data: ", b"data: [DONE]\n\n", _sse_data)
+RESPONSE_FRAMING = _Framing(b"", b"", _response_error)
+
+
 async def _sse(
     admitted: online.Admitted, client_gone: asyncio.Event
 ) -> AsyncGenerator[bytes, None]:
-    """The engine's chunks as OpenAI SSE, ending with `data: [DONE]`. A run that is lost
-    after chunks were sent cannot be resumed invisibly: the stream ends with an error."""
+    """The engine's chunks as OpenAI SSE, ending with `data: [DONE]` (a Responses stream: its
+    events, see RESPONSE_FRAMING). A run that is lost after chunks were sent cannot be
+    resumed invisibly: the stream ends with an error."""
     finished = False
     sent_chunks = 0  # chunks the client has (about one token each)
+    framing = RESPONSE_FRAMING if admitted.request.endpoint == "responses" else CHAT_FRAMING
     try:
         async for event in online.follow(admitted, client_gone):
             kind = event["event"]
             if kind == "chunk":  # as the engine wrote it (see scheduler.engines.calls.client_data)
                 sent_chunks += 1
-                yield b"data: " + event["raw"] + b"\n\n"
+                yield framing.chunk + event["raw"] + b"\n\n"
             elif kind == "requeued" and sent_chunks:
                 online.cancel(admitted, "stream_broken")
                 online.record_broken_stream(admitted, sent_chunks)
-                yield _sse_data(_stream_error("The engine was lost mid-stream; please retry."))
+                yield framing.error(_stream_error("The engine was lost mid-stream; please retry."))
                 break
             elif kind in ("error", "expired", "cancelled"):
-                yield _sse_data(_event_error(admitted, event))
+                yield framing.error(_event_error(admitted, event))
                 break
             elif kind == "done":
                 break
         finished = True
-        yield b"data: [DONE]\n\n"
+        if framing.end:
+            yield framing.end
     except DomainError as exc:
         finished = True
-        yield _sse_data(openai_error_body(exc.message, exc.error_type, exc.code, exc.param))
-        yield b"data: [DONE]\n\n"
+        yield framing.error(openai_error_body(exc.message, exc.error_type, exc.code, exc.param))
+        if framing.end:
+            yield framing.end
     except DEPENDENCY_ERRORS as exc:
         finished = True  # nothing to cancel where the queue is gone; the reaper frees the rest
         down = dependency_down(exc)
-        yield _sse_data(openai_error_body(down.message, down.error_type, down.code))
-        yield b"data: [DONE]\n\n"
+        yield framing.error(openai_error_body(down.message, down.error_type, down.code))
+        if framing.end:
+            yield framing.end
     except (asyncio.CancelledError, GeneratorExit):
         raise
     finally:

@@ -1,6 +1,7 @@
-"""`/v1/chat/completions` and `/v1/completions` in the OpenAPI schema (`/api/schema/`).
+"""The inference endpoints (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`,
+`/v1/responses`) in the OpenAPI schema (`/api/schema/`).
 
-The two paths are served by the lean ASGI app (`scheduler.openai_api.inference_app`), not by a
+These paths are served by the lean ASGI app (`scheduler.openai_api.inference_app`), not by a
 DRF view, so drf-spectacular does not see them: this postprocessing hook (SPECTACULAR_SETTINGS)
 adds them. Their request bodies list exactly the fields the platform allows, read from
 `scheduler.request_fields` when the schema is made; `_FIELD_SCHEMAS` only gives those fields
@@ -13,7 +14,12 @@ from typing import Any
 
 from scheduler.inference import ENDPOINT_PATHS, Endpoint
 from scheduler.request_classes import REQUEST_CLASSES
-from scheduler.request_fields import FIELDS, MAX_TOP_LOGPROBS, OPTIONAL_FIELDS
+from scheduler.request_fields import (
+    FIELDS,
+    MAX_TOP_LOGPROBS,
+    OPTIONAL_FIELD_ENDPOINTS,
+    OPTIONAL_FIELDS,
+)
 from tenants.schema import TenantKeyScheme, bearer_scheme
 
 Schema = dict[str, Any]
@@ -36,7 +42,19 @@ _CLASS_TEXT = (
 _FIELD_SCHEMAS: dict[tuple[Endpoint | None, str], Schema] = {
     (None, "model"): {**_STRING, "description": "A model of `GET /v1/models`."},
     (None, "max_tokens"): {**_INTEGER, "minimum": 1, "nullable": True},
-    (None, "n"): {**_INTEGER, "minimum": 1, "maximum": 1, "nullable": True},
+    (None, "n"): {
+        **_INTEGER,
+        "minimum": 1,
+        "nullable": True,
+        "description": "Samples of each prompt; n x prompts is at most the platform's "
+        "GPUSHARE_MAX_SEQUENCES_PER_REQUEST.",
+    },
+    (None, "service_tier"): {
+        **_STRING,
+        "enum": ["auto", "default", "flex", "scale", "priority"],
+        "description": "flex: the offline class (standard where not allowed); priority: "
+        "interactive where allowed; otherwise the key's default. Never sent to the engine.",
+    },
     (None, "stream"): {
         **_BOOLEAN,
         "description": "true: the answer is `text/event-stream`, ending `data: [DONE]`.",
@@ -103,9 +121,33 @@ _FIELD_SCHEMAS: dict[tuple[Endpoint | None, str], Schema] = {
     ("chat", "add_generation_prompt"): _BOOLEAN,
     ("chat", "continue_final_message"): _BOOLEAN,
     ("completions", "prompt"): {
-        "oneOf": [_STRING, _TOKEN_IDS, {"type": "array", "items": _STRING, "maxItems": 1}],
-        "description": "One prompt: a string, or one array of token ids.",
+        "oneOf": [
+            _STRING,
+            _TOKEN_IDS,
+            {"type": "array", "items": _STRING, "minItems": 1},
+            {"type": "array", "items": _TOKEN_IDS, "minItems": 1},
+        ],
+        "description": "A prompt (a string or an array of token ids), or an array of them.",
     },
+    ("embeddings", "input"): {
+        "oneOf": [
+            _STRING,
+            _TOKEN_IDS,
+            {"type": "array", "items": _STRING, "minItems": 1},
+            {"type": "array", "items": _TOKEN_IDS, "minItems": 1},
+        ],
+        "description": "A text (a string or an array of token ids), or an array of them.",
+    },
+    ("embeddings", "encoding_format"): {**_STRING, "enum": ["float", "base64"]},
+    ("embeddings", "dimensions"): {**_INTEGER, "minimum": 1},
+    ("responses", "input"): {
+        "oneOf": [_STRING, {"type": "array", "items": _OBJECT, "minItems": 1}],
+        "description": "A string, or messages of text, function calls and their outputs: the "
+        "whole conversation (the platform keeps no response).",
+    },
+    ("responses", "instructions"): _STRING,
+    ("responses", "max_output_tokens"): {**_INTEGER, "minimum": 1, "nullable": True},
+    ("responses", "store"): {**_BOOLEAN, "description": "Always sent to the engine as false."},
     ("completions", "logprobs"): {**_INTEGER, "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
     ("completions", "best_of"): {**_INTEGER, "minimum": 1, "maximum": 1},
 }
@@ -115,8 +157,17 @@ _OPTIONAL_TEXT = "Refused (400) unless the operator enabled it for the tenant."
 _REQUIRED: dict[Endpoint, list[str]] = {
     "chat": ["model", "messages"],
     "completions": ["model", "prompt"],
+    "embeddings": ["model", "input"],
+    "responses": ["model", "input"],
 }
-_TITLES: dict[Endpoint, str] = {"chat": "ChatCompletion", "completions": "Completion"}
+_TITLES: dict[Endpoint, str] = {
+    "chat": "ChatCompletion", "completions": "Completion", "embeddings": "Embeddings",
+    "responses": "Response",
+}  # fmt: skip
+_SUMMARIES: dict[Endpoint, str] = {
+    "chat": "Create a chat completion", "completions": "Create a completion",
+    "embeddings": "Create embeddings", "responses": "Create a response (stateless)",
+}  # fmt: skip
 
 
 def _field_schema(endpoint: Endpoint, name: str) -> Schema:
@@ -128,7 +179,7 @@ def request_schema(endpoint: Endpoint) -> Schema:
     """The endpoint's request body: the fields `scheduler.request_fields` allows it, and
     nothing else (another field is a 400 that names it)."""
     properties = {name: _field_schema(endpoint, name) for name in FIELDS[endpoint]}
-    for name in OPTIONAL_FIELDS:
+    for name in OPTIONAL_FIELDS if endpoint in OPTIONAL_FIELD_ENDPOINTS else ():
         schema = properties.setdefault(name, _field_schema(endpoint, name))
         schema["description"] = " ".join(filter(None, (schema.get("description"), _OPTIONAL_TEXT)))
     return {
@@ -174,9 +225,56 @@ _CHOICE: dict[Endpoint, Schema] = {
     },
 }
 _OBJECT_NAMES: dict[Endpoint, str] = {"chat": "chat.completion", "completions": "text_completion"}
+_EMBEDDINGS: Schema = {
+    "type": "object",
+    "properties": {
+        "object": {**_STRING, "enum": ["list"]},
+        "model": _STRING,
+        "data": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "index": _INTEGER,
+                    "object": {**_STRING, "enum": ["embedding"]},
+                    "embedding": {"oneOf": [{"type": "array", "items": _NUMBER}, _STRING]},
+                },
+            },
+        },
+        "usage": {"$ref": "#/components/schemas/OpenAIUsage"},
+    },
+    "required": ["object", "model", "data"],
+    "additionalProperties": True,
+}
+_RESPONSE: Schema = {
+    "type": "object",
+    "properties": {
+        "id": _STRING,
+        "object": {**_STRING, "enum": ["response"]},
+        "created_at": _NUMBER,
+        "model": _STRING,
+        "status": _STRING,
+        "output": {"type": "array", "items": _OBJECT},
+        "usage": {
+            "type": "object",
+            "properties": {
+                "input_tokens": _INTEGER,
+                "output_tokens": _INTEGER,
+                "total_tokens": _INTEGER,
+            },
+            "additionalProperties": True,
+        },
+    },
+    "required": ["id", "object", "model", "output"],
+    "additionalProperties": True,
+}
 
 
 def _answer_schema(endpoint: Endpoint) -> Schema:
+    if endpoint == "embeddings":
+        return _EMBEDDINGS
+    if endpoint == "responses":
+        return _RESPONSE
     return {
         "type": "object",
         "properties": {
@@ -237,6 +335,10 @@ _STREAM_TEXT = (
     "ending `data: [DONE]`. An error after the stream started is a last `data:` event in "
     "OpenAI's error shape before `data: [DONE]`."
 )
+_RESPONSE_STREAM_TEXT = (
+    "With `stream: true`: server-sent events, each `event: <type>` with its `data: {event}`, "
+    "as OpenAI's Responses stream, ending with `response.completed` (its usage inside)."
+)
 
 
 def _headers(status: str) -> Schema:
@@ -244,6 +346,14 @@ def _headers(status: str) -> Schema:
     if status in _ERRORS_WITH_RETRY_AFTER:
         headers["Retry-After"] = _RETRY_AFTER
     return headers
+
+
+def _answer_content(endpoint: Endpoint, title: str) -> Schema:
+    content: Schema = {"application/json": {"schema": {"$ref": f"#/components/schemas/{title}"}}}
+    if endpoint != "embeddings":  # embeddings never stream
+        text = _RESPONSE_STREAM_TEXT if endpoint == "responses" else _STREAM_TEXT
+        content["text/event-stream"] = {"schema": {**_STRING, "description": text}}
+    return content
 
 
 def _operation(endpoint: Endpoint) -> Schema:
@@ -260,7 +370,7 @@ def _operation(endpoint: Endpoint) -> Schema:
     }
     return {
         "operationId": f"v1_{endpoint}_create",
-        "summary": f"Create a {'chat completion' if endpoint == 'chat' else 'completion'}",
+        "summary": _SUMMARIES[endpoint],
         "description": (
             "OpenAI-compatible. The request waits in the fair queue for its tenant's share, "
             "then runs on an engine of the model."
@@ -286,10 +396,7 @@ def _operation(endpoint: Endpoint) -> Schema:
             "200": {
                 "description": "The answer: whole, or streamed.",
                 "headers": _headers("200"),
-                "content": {
-                    "application/json": {"schema": {"$ref": f"#/components/schemas/{title}"}},
-                    "text/event-stream": {"schema": {**_STRING, "description": _STREAM_TEXT}},
-                },
+                "content": _answer_content(endpoint, title),
             },
             **errors,
         },
@@ -297,7 +404,7 @@ def _operation(endpoint: Endpoint) -> Schema:
 
 
 def add_inference_paths(result: Schema, **kwargs: Any) -> Schema:
-    """drf-spectacular postprocessing hook: the two inference paths, their components, and
+    """drf-spectacular postprocessing hook: the inference paths, their components, and
     the tenant key's security scheme (also present when no DRF view named it)."""
     components = result.setdefault("components", {})
     schemas = components.setdefault("schemas", {})

@@ -11,6 +11,9 @@ than OpenAI's `response_format` (`structured_outputs`, `guided_*`). Each endpoin
 OpenAI answers an unknown argument. Sizes are bounded where a field's size is work for the
 engine (logit_bias, stop strings, tools, a JSON schema).
 
+The Responses API (`responses`) is served stateless: what would keep a tenant's input or
+answer in a shared engine is refused by name (RESPONSES_FIELDS).
+
 `priority` and `cache_salt` are accepted and always replaced: the platform sets them from the
 request's class and its tenant (scheduler/engines/calls.py). `model`, `messages`, `prompt`,
 the token bounds, the stream's options, `n` and the OpenAI sampling numbers are checked by
@@ -167,6 +170,91 @@ COMPLETIONS_FIELDS: dict[str, Check] = COMMON_FIELDS | {
     "best_of": _int_in(1, 1), "response_format": _response_format,
 }  # fmt: skip
 
+MAX_METADATA_PAIRS = 16  # OpenAI's limit
+# What a Responses request may ask to have included: nothing the engine keeps or a server-side
+# tool makes (file_search results, code_interpreter outputs).
+RESPONSE_INCLUDES = frozenset({"message.output_text.logprobs", "reasoning.encrypted_content"})
+STATELESS = "this platform is stateless: it keeps no response, send the whole conversation as "
+STATELESS += "'input'"
+
+
+def _refused(why: str) -> Check:
+    def check(value: Any) -> str | None:
+        return why
+
+    return check
+
+
+def _false(value: Any) -> str | None:
+    return None if value is False else f"false ({STATELESS})"
+
+
+def _response_tools(value: Any) -> str | None:
+    # Responses' function tools are flat: {"type": "function", "name": ..., "parameters": ...}.
+    fine = isinstance(value, list) and len(value) <= MAX_TOOLS
+    fine = fine and all(isinstance(t, dict) and t.get("type") == "function" for t in value)
+    fine = fine and len(wire.dumps_bytes(value)) <= MAX_SCHEMA_BYTES * 4
+    if fine:
+        return None
+    return (
+        f"an array of at most {MAX_TOOLS} function tools (web_search, file_search, "
+        "code_interpreter, mcp and the other tools a server runs are not served here)"
+    )
+
+
+def _text_config(value: Any) -> str | None:
+    fine = isinstance(value, dict) and set(value) <= {"format", "verbosity"}
+    fine = fine and (value.get("format") is None or _response_format(value["format"]) is None)
+    return None if fine else "an object with a text, json_object or json_schema format"
+
+
+def _truncation(value: Any) -> str | None:
+    return None if value in ("auto", "disabled") else "auto or disabled"
+
+
+def _include(value: Any) -> str | None:
+    fine = isinstance(value, list) and all(v in RESPONSE_INCLUDES for v in value)
+    return None if fine else f"an array of {' or '.join(sorted(RESPONSE_INCLUDES))}"
+
+
+def _reasoning(value: Any) -> str | None:
+    fine = isinstance(value, dict) and set(value) <= {"effort", "summary", "generate_summary"}
+    fine = fine and all(v is None or (isinstance(v, str) and len(v) <= 32) for v in value.values())
+    return None if fine else "an object with effort and summary"
+
+
+def _metadata(value: Any) -> str | None:
+    fine = isinstance(value, dict) and len(value) <= MAX_METADATA_PAIRS
+    fine = fine and all(
+        len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in value.items()
+    )
+    return None if fine else f"an object of at most {MAX_METADATA_PAIRS} short strings"
+
+
+# The Responses API, served stateless: the engines are shared, so nothing a tenant sends is
+# kept in one for anybody to fetch. `store` is accepted and always sent as false
+# (scheduler/engines/calls.py); what needs a kept response (previous_response_id, a
+# conversation, background mode) and the tools a server runs are refused.
+RESPONSES_FIELDS: dict[str, Check] = {
+    "model": _any, "input": _any, "instructions": _any, "max_output_tokens": _any,
+    "stream": _any, "temperature": _any, "top_p": _any, "presence_penalty": _any,
+    "frequency_penalty": _any, "seed": _any, "user": _text(MAX_USER_CHARS),
+    "logit_bias": _logit_bias, "request_class": _any, "service_tier": _any,
+    "top_logprobs": _int_in(0, MAX_TOP_LOGPROBS), "tools": _response_tools,
+    "tool_choice": _tool_choice, "parallel_tool_calls": _bool, "text": _text_config,
+    "truncation": _truncation, "include": _include, "reasoning": _reasoning,
+    "metadata": _metadata, "prompt_cache_key": _text(MAX_USER_CHARS), "store": _bool,
+    "background": _false, "previous_response_id": _refused(f"null: {STATELESS}"),
+    "conversation": _refused(f"null: {STATELESS}"),
+    # vLLM's sampling extras that cost nothing outside the request's own KV.
+    "top_k": _int_in(-1, 1_000_000), "min_p": _number_in(0, 1),
+    "repetition_penalty": _number_in(0, 2, low_open=True), "ignore_eos": _bool,
+    "stop": _stop, "stop_token_ids": _token_ids, "skip_special_tokens": _bool,
+    "include_stop_str_in_output": _bool,
+    # Replaced by the platform whatever the client sends.
+    "priority": _any, "cache_salt": _any,
+}  # fmt: skip
+
 # Embeddings: OpenAI's fields (no sampling: nothing is generated) and the platform's own.
 EMBEDDINGS_FIELDS: dict[str, Check] = {
     "model": _any, "input": _any, "user": _text(MAX_USER_CHARS), "encoding_format": _one_of(
@@ -176,6 +264,7 @@ EMBEDDINGS_FIELDS: dict[str, Check] = {
 
 FIELDS: Mapping[str, Mapping[str, Check]] = {
     "chat": CHAT_FIELDS, "completions": COMPLETIONS_FIELDS, "embeddings": EMBEDDINGS_FIELDS,
+    "responses": RESPONSES_FIELDS,
 }  # fmt: skip
 
 
@@ -197,6 +286,11 @@ OPTIONAL_FIELDS: dict[str, Check] = {
 }
 
 
+# The endpoints whose requests may carry a tenant's enabled OPTIONAL_FIELDS (the others'
+# engines ignore them, or would build a prompt the reservation did not count).
+OPTIONAL_FIELD_ENDPOINTS = frozenset({"chat", "completions"})
+
+
 def field_problem(
     endpoint: str, body: Mapping[str, Any], enabled: Collection[str] = ()
 ) -> tuple[str, str] | None:
@@ -205,7 +299,7 @@ def field_problem(
     allowed = FIELDS[endpoint]
     for name, value in body.items():
         check = allowed.get(name)
-        if check is None and name in enabled:
+        if check is None and name in enabled and endpoint in OPTIONAL_FIELD_ENDPOINTS:
             check = OPTIONAL_FIELDS.get(name)
         if check is None:
             return name, f"Unrecognized request argument supplied: {name}"

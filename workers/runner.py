@@ -28,7 +28,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,13 @@ from django.conf import settings
 
 from config import wire
 from scheduler.engines.aio_client import AsyncEngineClient
-from scheduler.engines.calls import client_data, engine_body, engine_path, usage_counts
+from scheduler.engines.calls import (
+    ResponseEvents,
+    client_data,
+    engine_body,
+    engine_path,
+    usage_counts,
+)
 from scheduler.engines.client import EngineRequestError, EngineUnavailable
 from scheduler.fairqueue.aio import AsyncFairQueue
 from scheduler.fairqueue.domain import Job
@@ -273,6 +279,9 @@ async def _call_engine(
             "event": "done", "body": response, "usage": _usage(result), "attempt": job.attempt
         }  # fmt: skip
         return
+    if request["endpoint"] == "responses":
+        await _relay_events(run, client.events(path, body), relay, result)
+        return
     finished = False
     include_usage = bool(request.get("include_usage"))
     loop = asyncio.get_running_loop()
@@ -298,6 +307,28 @@ async def _call_engine(
         # engine was killed mid-stream): without a finish reason, the answer is cut short.
         raise EngineUnavailable("the engine's stream ended without a finish reason")
     result.done_event = {"event": "done", "usage": _usage(result), "attempt": job.attempt}
+
+
+async def _relay_events(
+    run: Run, events: AsyncIterator[tuple[bytes, bytes]], relay: Relay, result: RunResult
+) -> None:
+    """A Responses stream: each event relayed as the engine wrote it (`event:` line and all),
+    its usage read from its last (`scheduler.engines.calls.ResponseEvents`)."""
+    reading = ResponseEvents()
+    loop = asyncio.get_running_loop()
+    yielded_at = loop.time()
+    async for frame, data in events:
+        event = reading.read(data)
+        if result.first_token_at is None and reading.first_output:
+            result.first_token_at = time.time()
+        relay.chunk(run, frame, event)
+        if loop.time() - yielded_at >= YIELD_EVERY_S:  # as `_call_engine` does, and why
+            await asyncio.sleep(0)
+            yielded_at = loop.time()
+    if not reading.ended:
+        raise EngineUnavailable("the engine's stream ended before its last event")
+    result.prompt_tokens, result.completion_tokens = reading.counts
+    result.done_event = {"event": "done", "usage": _usage(result), "attempt": run.job.attempt}
 
 
 def _count_usage(result: RunResult, usage: dict[str, Any] | None) -> None:

@@ -87,5 +87,26 @@ class AsyncEngineClient:
         # partial answer must not pass for a whole one.
         raise EngineUnavailable(f"{url}: the stream ended without [DONE]")
 
+    async def events(self, path: str, body: dict[str, Any]) -> AsyncIterator[tuple[bytes, bytes]]:
+        """A Responses stream's events: (the event as the engine wrote it, `event:` line and
+        `data:` line, without the blank line that ends it; its JSON). Such a stream has no
+        `[DONE]`: it ends after its last event, which the caller checks it has seen
+        (`scheduler.engines.calls.ResponseEvents`). Leaving early aborts the request."""
+        url = self.base_url + path
+        try:
+            async with self._session.post(url, data=wire.dumps_bytes(body), headers=_JSON) as r:
+                if r.status >= 400:
+                    raise_for_status(r.status, await r.text(), url)
+                name = b""
+                async for line in r.content:
+                    if line.startswith(b"event:"):
+                        name = line.rstrip(b"\r\n")
+                    elif line.startswith(b"data:"):
+                        data = line[5:].strip()
+                        yield (name + b"\n" if name else b"") + b"data: " + data, data
+                        name = b""
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
+
 
 _JSON = {"Content-Type": "application/json"}

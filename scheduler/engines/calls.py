@@ -29,7 +29,13 @@ def engine_body(request: dict[str, Any], request_class: str) -> dict[str, Any]:
     }
     if request["endpoint"] in GENERATION_ENDPOINTS:  # an embedding request has no `stream`
         body["stream"] = bool(request["stream"])
-    if request["stream"]:
+    if request["endpoint"] == "responses":
+        # Nothing a tenant sends is kept in a shared engine: no response is stored for anyone
+        # to fetch (GET /v1/responses/{id}) or to continue. The token bound is Responses'
+        # own field; a Responses answer and stream always carry their usage.
+        body["store"] = False
+        body["max_output_tokens"] = body.pop("max_tokens", body.get("max_output_tokens"))
+    elif request["stream"]:
         # Always ask for usage, to charge the real tokens; the client gets it only if asked.
         body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     return body
@@ -58,7 +64,39 @@ def client_data(data: bytes, chunk: dict[str, Any], include_usage: bool) -> byte
 
 
 def usage_counts(usage: dict[str, Any] | None) -> tuple[int, int] | None:
-    """(prompt, completion) tokens of an answer's usage, None when it has none."""
+    """(prompt, completion) tokens of an answer's usage, None when it has none: chat's and
+    completions' (prompt_tokens, completion_tokens) or Responses' (input_tokens,
+    output_tokens)."""
     if not usage:
         return None
-    return int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+    prompt = usage.get("prompt_tokens")
+    if prompt is None and "input_tokens" in usage:
+        return int(usage["input_tokens"] or 0), int(usage.get("output_tokens") or 0)
+    return int(prompt or 0), int(usage.get("completion_tokens") or 0)
+
+
+# The events that end a Responses stream; the usage is in the response they carry.
+RESPONSE_END_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+class ResponseEvents:
+    """What a caller of the engine learns from a Responses stream's events, each passed on
+    as the engine wrote it: when its first output came, its usage, and whether it ended (a
+    stream cut before its end event is an engine lost, as a chat stream without a finish
+    reason is)."""
+
+    def __init__(self) -> None:
+        self.first_output = False
+        self.ended = False
+        self.counts: tuple[int, int] = (0, 0)
+
+    def read(self, data: bytes) -> dict[str, Any]:
+        """Reads one event (its JSON); returns it."""
+        event: dict[str, Any] = wire.loads(data)
+        kind = event.get("type") or ""
+        if kind in RESPONSE_END_EVENTS:
+            self.ended = True
+            response = event.get("response") or {}
+            self.counts = usage_counts(response.get("usage")) or self.counts
+        self.first_output = self.first_output or kind.endswith(".delta")
+        return event

@@ -255,3 +255,27 @@ def test_a_flex_service_tier_runs_as_offline_work(platform_server):
     assert answer.choices
     rows = wait_for(lambda: usage_rows(platform_server, slug))
     assert rows[0]["request_class"] == "offline"
+
+
+def test_raw_answers_carry_the_request_id_and_the_rate_limit_headers(platform_server):
+    slug, key = make_tenant(platform_server, rpm="100", tpm="100000")
+    client = client_for(platform_server, key)
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=4
+    )
+    answer = raw.parse()
+    assert answer.choices
+    assert raw.headers["x-ratelimit-limit-requests"] == "100"
+    assert raw.headers["x-ratelimit-remaining-requests"] == "99"
+    assert raw.headers["x-ratelimit-limit-tokens"] == "100000"
+    assert int(raw.headers["x-ratelimit-remaining-tokens"]) < 100000
+    assert raw.headers["x-ratelimit-reset-requests"].endswith("s")
+    rows = wait_for(lambda: usage_rows(platform_server, slug))
+    assert raw.headers["x-request-id"] == rows[0]["request_id"]
+    # A streamed answer carries them too, and the official client exposes its id.
+    with client.completions.with_streaming_response.create(
+        model=MODEL, prompt="abc", max_tokens=3, stream=True
+    ) as streamed:
+        assert streamed.headers["x-ratelimit-remaining-requests"] == "98"
+        assert streamed.headers["x-request-id"]
+        assert list(streamed.iter_lines())

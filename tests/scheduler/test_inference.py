@@ -440,3 +440,141 @@ def test_an_embedding_input_may_fill_the_models_length_and_no_more() -> None:
     chat = parse_inference_request("chat", {**CHAT, "max_tokens": 1})
     with pytest.raises(ContextTooLong):
         bounded_max_tokens(chat, 512, 512)  # a generation needs room for one token
+
+
+# --- the Responses API, stateless -------------------------------------------------------
+
+RESPONSE = {"model": "m", "input": "hi", "max_output_tokens": 8}
+WEATHER = {"type": "function", "name": "weather", "parameters": {"type": "object"}}
+
+
+def test_a_response_request_is_bounded_by_max_output_tokens_and_always_reports_usage():
+    request = parse_inference_request("responses", {**RESPONSE, "stream": True, "store": True})
+    assert request.max_tokens == 8
+    assert request.path == "/v1/responses"
+    assert request.stream
+    assert request.include_usage  # the usage is in response.completed
+    assert request.sequences == 1
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"conversation": {"id": "conv_1"}}, "conversation"),
+        ({"background": True}, "background"),
+        ({"tools": [{"type": "web_search"}]}, "tools"),
+        ({"tools": [WEATHER, {"type": "file_search", "vector_store_ids": ["v"]}]}, "tools"),
+        ({"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]}, "tools"),
+        ({"tools": [{"type": "mcp", "server_label": "x", "server_url": "http://x"}]}, "tools"),
+        ({"tool_choice": {"type": "web_search"}}, "tool_choice"),
+        ({"include": ["file_search_call.results"]}, "include"),
+        ({"prompt": {"id": "pmpt_1"}}, "prompt"),  # a prompt kept at OpenAI
+        ({"max_tokens": 5}, "max_tokens"),  # chat's name: not a Responses field
+        ({"store": "yes"}, "store"),
+        ({"max_output_tokens": 0}, "max_output_tokens"),
+        ({"instructions": ["be brief"]}, "instructions"),
+        ({"input": []}, "input"),
+        ({"input": 3}, "input"),
+        ({"input": ["hi"]}, "input.[0]"),
+        ({"input": [{"role": "robot", "content": "x"}]}, "input.[0].role"),
+        ({"input": [{"role": "user", "content": 3}]}, "input.[0].content"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+         "input.[0].content.[0].type"),
+        ({"input": [{"role": "user", "content": [{"type": "input_text"}]}]},
+         "input.[0].content.[0].text"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.[0].type"),
+        ({"input": [{"type": "reasoning", "summary": []}]}, "input.[0].type"),
+        ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]},
+         "input.[0].arguments"),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": {}}]},
+         "input.[0].output"),
+    ],
+)  # fmt: skip
+def test_a_response_request_is_refused_with_the_field_named(fields, param):
+    with pytest.raises(InvalidRequest) as caught:
+        parse_inference_request("responses", {**RESPONSE, **fields})
+    assert caught.value.param == param
+
+
+def test_what_needs_a_kept_response_is_refused_saying_the_platform_is_stateless():
+    for fields in ({"previous_response_id": "resp_1"}, {"background": True}):
+        with pytest.raises(InvalidRequest, match="stateless"):
+            parse_inference_request("responses", {**RESPONSE, **fields})
+
+
+def test_a_response_of_messages_function_tools_and_their_calls_is_served():
+    body = {
+        **RESPONSE, "instructions": "Be brief.", "tools": [WEATHER], "tool_choice": "auto",
+        "background": False, "previous_response_id": None, "store": False,
+        "input": [
+            {"role": "user", "content": "weather in Paris?"},
+            {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            {"type": "message", "role": "assistant",
+             "content": [{"type": "output_text", "text": "It is sunny."}]},
+            {"role": "user", "content": [{"type": "input_text", "text": "thanks"}]},
+        ],
+    }  # fmt: skip
+    request = parse_inference_request("responses", body)
+    assert request.body == body
+
+
+def test_a_response_is_counted_as_the_chat_messages_vllm_makes_of_it():
+    body = {
+        **RESPONSE, "instructions": "Be brief.", "tools": [WEATHER],
+        "reasoning": {"effort": "low"},
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "weather?"}]},
+            {"role": "assistant", "content": "Let me look."},
+            {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+        ],
+    }  # fmt: skip
+    tokenize = tokenize_request_body(parse_inference_request("responses", body))
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "weather", "arguments": "{}"}}  # fmt: skip
+    assert tokenize == {
+        "model": "m",
+        "add_generation_prompt": True,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "weather?"}]},
+            {"role": "assistant", "content": "Let me look.", "tool_calls": [call]},
+            {"role": "tool", "content": "sunny", "tool_call_id": "c1"},
+        ],
+        "tools": [{"type": "function",
+                   "function": {"name": "weather", "parameters": {"type": "object"}}}],
+        "chat_template_kwargs": {"reasoning_effort": "low", "enable_thinking": True},
+    }  # fmt: skip
+    plain = tokenize_request_body(parse_inference_request("responses", RESPONSE))
+    assert plain["messages"] == [{"role": "user", "content": "hi"}]
+    assert "tools" not in plain
+
+
+def test_a_responses_byte_bound_counts_everything_that_enters_its_prompt():
+    short = parse_inference_request("responses", RESPONSE)
+    bound = prompt_token_bound(short)
+    assert bound >= len("hi")
+    assert bounded_prompt_tokens(short, 4096, limit=1000) == bound + BOUND_MARGIN_TOKENS
+    long_instructions = "x" * 5000
+    tools = [{**WEATHER, "description": "d" * 3000}]
+    big = parse_inference_request(
+        "responses", {**RESPONSE, "instructions": long_instructions, "tools": tools}
+    )
+    assert prompt_token_bound(big) >= 5000 + 3000  # instructions and tools, every byte
+    assert bounded_prompt_tokens(big, 100_000, limit=1000) is None  # the engine counts it
+    assert bounded_prompt_tokens(big, 100_000, limit=20_000) == (
+        prompt_token_bound(big) + BOUND_MARGIN_TOKENS
+    )
+    unbounded = parse_inference_request("responses", {"model": "m", "input": "hi"})
+    assert bounded_prompt_tokens(unbounded, 4096, limit=1000) is None
+
+
+@given(st.text(max_size=40), st.text(max_size=40))
+def test_a_responses_byte_bound_covers_the_utf8_of_its_text(instructions, text):
+    part = {"type": "input_text", "text": text}
+    body = {**RESPONSE, "instructions": instructions,
+            "input": [{"role": "user", "content": [part]}]}  # fmt: skip
+    bound = prompt_token_bound(parse_inference_request("responses", body))
+    assert bound >= len(instructions.encode()) + len(text.encode())
