@@ -578,3 +578,19 @@ def test_a_responses_byte_bound_covers_the_utf8_of_its_text(instructions, text):
             "input": [{"role": "user", "content": [part]}]}  # fmt: skip
     bound = prompt_token_bound(parse_inference_request("responses", body))
     assert bound >= len(instructions.encode()) + len(text.encode())
+
+
+def test_lm_evaluation_harness_request_shapes_are_served() -> None:
+    """`local-completions` with batch_size 4: generation, and loglikelihood (the prompts
+    echoed with their logprobs: full-vocabulary prompt logprobs, so only for a tenant the
+    operator enabled `prompt_logprobs` for)."""
+    prompts = ["Question: 1+1?\nAnswer:", "Question: 2+2?\nAnswer:", "a", "b"]
+    generate = {"model": "m", "prompt": prompts, "max_tokens": 32, "temperature": 0.0,
+                "stop": ["\n\n", "Question:"], "seed": 1234}  # fmt: skip
+    assert parse_inference_request("completions", generate).sequences == 4
+    loglikelihood = {"model": "m", "prompt": prompts, "max_tokens": 1, "temperature": 0,
+                     "logprobs": 1, "echo": True, "seed": 1234}  # fmt: skip
+    with pytest.raises(InvalidRequest):
+        parse_inference_request("completions", loglikelihood)
+    enabled = parse_inference_request("completions", loglikelihood, ["prompt_logprobs"])
+    assert enabled.sequences == 4
