@@ -150,7 +150,9 @@ def test_the_planner_computes_and_recomputes_live(
     assert hot >= 0.7 * gpus
 
 
-@pytest.mark.parametrize("section", ["Overview", "Engines", "Queues", "Batches", "Reports"])
+@pytest.mark.parametrize(
+    "section", ["Overview", "Engines", "Queues", "Batches", "Reports", "Find a request"]
+)
 def test_every_section_of_the_navigation_opens(
     page: Page, live_server: LiveServer, operator: User, section: str
 ):
@@ -159,4 +161,27 @@ def test_every_section_of_the_navigation_opens(
 
     expect(page.locator("h1")).to_have_text(section)
     expect(page.locator("nav a[aria-current=page]")).to_have_text(section)
-    screenshot(page, f"section-{section.lower()}")
+    screenshot(page, f"section-{section.lower().replace(' ', '-')}")
+
+
+def test_a_request_is_found_by_the_id_its_answer_carried(
+    page: Page, live_server: LiveServer, operator: User, tenants: list[Tenant]
+):
+    from datetime import UTC, datetime
+
+    from tenants.models import UsageRecord
+
+    UsageRecord.objects.create(
+        request_id="4f1c0ffee", tenant=tenants[0], model="demo", request_class="standard",
+        outcome="success", prompt_tokens=12, completion_tokens=30, latency_ms=420,
+        finished_at=datetime.now(tz=UTC),
+    )  # fmt: skip
+    log_in(page, live_server, operator, "/console/requests/")
+    page.fill("#request-id", "4f1c0ffee")
+    page.click("#request-search button[type=submit]")
+    expect(page.locator("#request-record")).to_contain_text("acme")
+    expect(page.locator("#request-record")).to_contain_text("12 prompt + 30 completion")
+    assert "id=4f1c0ffee" in page.url  # the address can be shared
+    page.fill("#request-id", "nope")
+    page.click("#request-search button[type=submit]")
+    expect(page.locator("#request-missing")).to_contain_text("No request with that id")
