@@ -1,4 +1,4 @@
-"""The Prometheus alert rules parse and use only metric names that /metrics exposes."""
+"""The Prometheus alert rules parse and use only metric names the web exports."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from config.metrics import METRICS
+from config.metrics import CLUSTER_METRICS, METRICS, PROCESS_METRICS
 
 RULES = Path(__file__).resolve().parents[1] / "platform" / "prometheus" / "rules.yml"
 SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
@@ -41,6 +41,17 @@ def test_the_rules_refer_only_to_metrics_that_exist():
         used = set(re.findall(r"\bgpushare_\w+", rule["expr"]))
         assert used, rule["alert"]
         assert used <= exposed, (rule["alert"], used - exposed)
+
+
+def test_the_per_pod_series_are_only_counted_never_summed():
+    """gpushare_build_info is one series per pod; the rules count builds, never add it up
+    with the cluster-wide series."""
+    cluster = set(CLUSTER_METRICS)
+    for rule in rules():
+        used = {n.removesuffix("_bucket") for n in re.findall(r"\bgpushare_\w+", rule["expr"])}
+        if used & set(PROCESS_METRICS):
+            assert not used & cluster, rule["alert"]
+            assert "sum" not in rule["expr"], rule["alert"]
 
 
 def test_the_seed_advice_is_covered_with_its_durations():
