@@ -1,21 +1,35 @@
-"""`GET /metrics`: the platform in Prometheus text format, read at scrape time.
+"""The platform in Prometheus text format, on two pages, so that every series is counted once.
 
-Web, workers and beat are separate processes (and there may be many of each), so nothing
-here counts in process memory: a custom collector reads the shared state when Prometheus
-scrapes: the fair queue's snapshot and the samplers' live values in Redis, the ledger's
-counters (folded into Redis by the sampler), tenants and engines from the database.
+`GET /metrics/cluster`: the cluster-wide series, read at scrape time from the shared state
+every replica sees alike: the fair queue's snapshot and the samplers' live values in Redis,
+the ledger's counters (folded into Redis by the sampler), tenants and engines from the
+database. Any web replica answers it with the same values, so it is scraped as ONE target
+(through the web Service), never per pod: one series per label set, whatever the number of
+replicas, and `sum()` over it counts each request, token and byte once.
 
-Every metric is named `gpushare_...` and listed in METRICS; the alert rules in
-`platform/prometheus/rules.yml` may use only these (a test checks it).
+`GET /metrics`: the answering process's own series (`gpushare_build_info`), scraped per
+pod. It carries nothing read from the shared state, so scraping every pod doubles nothing.
+
+`gpushare_cluster_info` is on the cluster page only: more than one series of it in
+Prometheus means the page is scraped by more than one target (an alert says so).
+
+Every metric is named `gpushare_...` in base units (`_bytes`, `_seconds`, counters
+`_total`) and listed in CLUSTER_METRICS or PROCESS_METRICS; the alert rules in
+`platform/prometheus/rules.yml` may use only these (tests/test_metrics_rules.py checks it,
+and runs the rules' unit tests with promtool). docs/METRICS.md has the scrape config.
 """
 
 from __future__ import annotations
 
+import functools
 import hmac
+import importlib.metadata
 import ipaddress
 import logging
+import sys
 import time
-from collections.abc import Iterator
+import tomllib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from asgiref.sync import sync_to_async
@@ -37,7 +51,13 @@ from config.errors import DomainError
 log = logging.getLogger(__name__)
 
 # name -> (type, help). Histograms and counters are named without their suffixes.
-METRICS: dict[str, tuple[str, str]] = {
+# The cluster-wide series: on /metrics/cluster, scraped once.
+CLUSTER_METRICS: dict[str, tuple[str, str]] = {
+    "gpushare_cluster_info": (
+        "gauge",
+        "1 on /metrics/cluster. Scraped once, through the Service: more than one series of "
+        "it means every cluster-wide series is counted more than once.",
+    ),
     "gpushare_queue_depth": (
         "gauge",
         "Requests waiting in the fair queue.",
@@ -53,6 +73,10 @@ METRICS: dict[str, tuple[str, str]] = {
     "gpushare_admission_wait_seconds": (
         "histogram",
         "Time from arrival to being picked (finished requests).",
+    ),
+    "gpushare_time_to_first_token_seconds": (
+        "histogram",
+        "Time from arrival to the first token, queueing included (finished requests that got one).",
     ),
     "gpushare_request_latency_seconds": (
         "histogram",
@@ -74,17 +98,17 @@ METRICS: dict[str, tuple[str, str]] = {
         "counter",
         "Prompt tokens the engines counted beyond what was reserved for them (never expected).",
     ),
-    "gpushare_tenant_reserved_units": (
+    "gpushare_tenant_reserved_bytes": (
         "gauge",
-        "KV memory the tenant holds now, in 256 MiB units.",
+        "KV memory the tenant holds now.",
     ),
-    "gpushare_tenant_quota_units": (
+    "gpushare_tenant_quota_bytes": (
         "gauge",
-        "The tenant's quota, in 256 MiB units.",
+        "The tenant's quota of KV memory.",
     ),
-    "gpushare_tenant_burst_units": (
+    "gpushare_tenant_burst_bytes": (
         "gauge",
-        "Units the tenant may borrow above its quota.",
+        "KV memory the tenant may borrow above its quota.",
     ),
     "gpushare_engine_up": (
         "gauge",
@@ -98,7 +122,7 @@ METRICS: dict[str, tuple[str, str]] = {
         "gauge",
         "The engine's own KV-cache usage, 0..1.",
     ),
-    "gpushare_engine_reserved_units": (
+    "gpushare_engine_reserved_bytes": (
         "gauge",
         "KV memory the fair queue has reserved on the engine.",
     ),
@@ -117,10 +141,6 @@ METRICS: dict[str, tuple[str, str]] = {
     "gpushare_engine_preemptions": (
         "counter",
         "Requests the engine preempted for KV room.",
-    ),
-    "gpushare_engine_ttft_seconds": (
-        "gauge",
-        "Mean time to first token over the last sample interval.",
     ),
     "gpushare_gpu_utilization_ratio": (
         "gauge",
@@ -143,6 +163,18 @@ METRICS: dict[str, tuple[str, str]] = {
         "GPU power draw.",
     ),
 }
+
+# The answering process's own series: on /metrics, scraped per pod. A pod's web workers
+# share its port and a scrape reaches one of them, so only what every worker of a pod
+# reports alike belongs here (no per-process counters: they would jump between workers).
+PROCESS_METRICS: dict[str, tuple[str, str]] = {
+    "gpushare_build_info": (
+        "gauge",
+        "1, labelled with the version, commit and Python of the process that answered.",
+    ),
+}
+
+METRICS: dict[str, tuple[str, str]] = {**CLUSTER_METRICS, **PROCESS_METRICS}
 
 # Engine statuses in which an engine should serve: `up` is exported for these only, so a
 # deliberately stopped engine is not "down".
@@ -189,10 +221,14 @@ def _histograms(
     return result
 
 
-class PlatformCollector(Collector):
-    """Reads everything at scrape time; see the module's docstring."""
+class ClusterCollector(Collector):
+    """The cluster-wide series, read from the shared state at scrape time: the same on every
+    replica (see the module's docstring)."""
 
     def collect(self) -> Iterator[Metric]:
+        info = _gauge("gpushare_cluster_info", [])
+        info.add_metric([], 1)
+        yield info
         for part in (self._queue, self._ledger, self._tenants, self._engines, self._gpus):
             try:
                 yield from part()
@@ -201,7 +237,6 @@ class PlatformCollector(Collector):
 
     def _queue(self) -> Iterator[Metric]:
         from scheduler.pools import fair_queue
-        from scheduler.units import UNIT_BYTES
 
         snapshot = fair_queue().snapshot()
         labels = ["pool", "class", "tenant"]
@@ -213,12 +248,12 @@ class PlatformCollector(Collector):
             depth.add_metric(values, row.waiting)
             running.add_metric(values, row.running)
             oldest.add_metric(values, row.oldest_wait_s or 0.0)
-        reserved = _gauge("gpushare_tenant_reserved_units", ["tenant"])
+        reserved = _gauge("gpushare_tenant_reserved_bytes", ["tenant"])
         for tenant, used in snapshot.tenant_reserved_bytes.items():
-            reserved.add_metric([tenant], used / UNIT_BYTES)
-        engine_reserved = _gauge("gpushare_engine_reserved_units", ["engine"])
+            reserved.add_metric([tenant], used)
+        engine_reserved = _gauge("gpushare_engine_reserved_bytes", ["engine"])
         for engine, used in snapshot.engine_reserved_bytes.items():
-            engine_reserved.add_metric([engine], used / UNIT_BYTES)
+            engine_reserved.add_metric([engine], used)
         inflight = _gauge("gpushare_engine_inflight", ["engine"])
         for engine, count in snapshot.engine_inflight.items():
             inflight.add_metric([engine], count)
@@ -227,6 +262,7 @@ class PlatformCollector(Collector):
     def _ledger(self) -> Iterator[Metric]:
         from workers.telemetry import (
             LATENCY_BUCKETS_S,
+            TTFT_BUCKETS_S,
             WAIT_BUCKETS_S,
             ledger_counters,
             rejection_counts,
@@ -244,6 +280,7 @@ class PlatformCollector(Collector):
         yield from (requests, tokens)
         for name, kind, sum_kind, buckets in (
             ("gpushare_admission_wait_seconds", "wait", "wait_sum", WAIT_BUCKETS_S),
+            ("gpushare_time_to_first_token_seconds", "ttft", "ttft_sum", TTFT_BUCKETS_S),
             ("gpushare_request_latency_seconds", "lat", "lat_sum", LATENCY_BUCKETS_S),
         ):
             family = _histogram(name, labels)
@@ -258,18 +295,19 @@ class PlatformCollector(Collector):
         yield rejections
 
     def _tenants(self) -> Iterator[Metric]:
+        from scheduler.units import units_to_bytes
         from tenants.models import Tenant
         from workers.telemetry import unreserved_prompt_tokens
 
-        quota = _gauge("gpushare_tenant_quota_units", ["tenant"])
-        burst = _gauge("gpushare_tenant_burst_units", ["tenant"])
+        quota = _gauge("gpushare_tenant_quota_bytes", ["tenant"])
+        burst = _gauge("gpushare_tenant_burst_bytes", ["tenant"])
         unreserved = _counter("gpushare_unreserved_prompt_tokens", ["tenant"])
         missed = unreserved_prompt_tokens()
         for slug, quota_units, burst_units in Tenant.objects.filter(is_active=True).values_list(
             "slug", "quota_units", "burst_units"
         ):
-            quota.add_metric([slug], quota_units)
-            burst.add_metric([slug], burst_units)
+            quota.add_metric([slug], units_to_bytes(quota_units))
+            burst.add_metric([slug], units_to_bytes(burst_units))
             unreserved.add_metric([slug], missed.get(slug, 0))  # from 0, so rate() sees it
         yield from (quota, burst, unreserved)
 
@@ -286,7 +324,6 @@ class PlatformCollector(Collector):
             "kv_cache_usage": _gauge("gpushare_engine_kv_cache_usage_ratio", labels),
             "requests_running": _gauge("gpushare_engine_requests_running", labels),
             "requests_waiting": _gauge("gpushare_engine_requests_waiting", labels),
-            "ttft_mean_s": _gauge("gpushare_engine_ttft_seconds", labels),
             "preemptions_total": _counter("gpushare_engine_preemptions", labels),
         }
         engines = Engine.objects.filter(status__in=_EXPECTED_UP).values_list(
@@ -327,16 +364,52 @@ class PlatformCollector(Collector):
         yield from fields.values()
 
 
-def metrics_text() -> bytes:
+class BuildCollector(Collector):
+    """The answering process's own series (see PROCESS_METRICS)."""
+
+    def collect(self) -> Iterator[Metric]:
+        info = _gauge("gpushare_build_info", ["version", "commit", "python"])
+        info.add_metric(list(build_labels()), 1)
+        yield info
+
+
+@functools.cache
+def build_labels() -> tuple[str, str, str]:
+    """(version, commit, python) of this process: fixed for its life, read once."""
+    python = ".".join(str(part) for part in sys.version_info[:3])
+    return _version(), settings.GPUSHARE_BUILD_COMMIT, python
+
+
+def _version() -> str:
+    """The installed package's version, else pyproject.toml's (the images copy the code, not
+    the package), else "unknown"."""
+    try:
+        return importlib.metadata.version("gpushare")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        with (settings.BASE_DIR / "pyproject.toml").open("rb") as file:
+            return str(tomllib.load(file)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
+
+
+def cluster_metrics_text() -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(PlatformCollector())
+    registry.register(ClusterCollector())
     return generate_latest(registry)
 
 
-def metrics_view(request: HttpRequest) -> HttpResponse:
-    """The metrics name every tenant, its quota and its use: with GPUSHARE_METRICS_TOKEN set,
-    for whoever bears it; without, for this machine only (`make run`'s Prometheus, a curl on
-    the host), never for a client of another address."""
+def process_metrics_text() -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BuildCollector())
+    return generate_latest(registry)
+
+
+def _serve(request: HttpRequest, text: Callable[[], bytes]) -> HttpResponse:
+    """Both pages name the platform to whoever reads them (the cluster page every tenant, its
+    quota and its use): with GPUSHARE_METRICS_TOKEN set, for whoever bears it; without, for
+    this machine only (a curl on the host), never for a client of another address."""
     token = settings.GPUSHARE_METRICS_TOKEN
     if token:
         given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
@@ -344,11 +417,22 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
             return HttpResponse("Unauthorized\n", status=401, content_type="text/plain")
     elif not _from_this_machine(request):
         return HttpResponse(
-            "Forbidden: set GPUSHARE_METRICS_TOKEN to scrape /metrics from another machine\n",
+            f"Forbidden: set GPUSHARE_METRICS_TOKEN to scrape {request.path} from another "
+            "machine\n",
             status=403,
             content_type="text/plain",
         )
-    return HttpResponse(metrics_text(), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(text(), content_type=CONTENT_TYPE_LATEST)
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """`/metrics`: this process's own series; scraped per pod."""
+    return _serve(request, process_metrics_text)
+
+
+def cluster_metrics_view(request: HttpRequest) -> HttpResponse:
+    """`/metrics/cluster`: the cluster-wide series; scraped once, through the Service."""
+    return _serve(request, cluster_metrics_text)
 
 
 def _from_this_machine(request: HttpRequest) -> bool:
@@ -380,4 +464,7 @@ async def rejection_hook(
         log.warning("could not note a rejection (%s)", fields["reason"], exc_info=True)
 
 
-urlpatterns = [path("metrics", metrics_view, name="metrics")]
+urlpatterns = [
+    path("metrics", metrics_view, name="metrics"),
+    path("metrics/cluster", cluster_metrics_view, name="metrics-cluster"),
+]

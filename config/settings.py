@@ -23,13 +23,13 @@ SECRET_KEY = secret_key(env_str("DJANGO_SECRET_KEY", ""), VAR_DIR / "secret_key"
 DEBUG = env_bool("DJANGO_DEBUG", False)
 # Served over HTTPS (TLS ended by a proxy that sets X-Forwarded-Proto): cookies only over
 # HTTPS, HSTS, plain HTTP redirected. The probes and Prometheus call the pods over plain
-# HTTP, so /healthz, /readyz and /metrics are not redirected.
+# HTTP, so /healthz, /readyz, /metrics and /metrics/cluster are not redirected.
 HTTPS = env_bool("DJANGO_HTTPS", False)
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_SSL_REDIRECT = HTTPS
 SECURE_HSTS_SECONDS = 365 * 24 * 3600 if HTTPS else 0
 SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE_HSTS_PRELOAD = HTTPS
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if HTTPS else None
-SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$", r"^metrics/cluster$"]
 # Messages are kept in the server-side session, not in a cookie: the admin's message that
 # shows a new API key once would otherwise travel, readable, in the browser's cookie.
 MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
@@ -361,9 +361,12 @@ GPUSHARE_TELEMETRY_RAW_DAYS = env_int("GPUSHARE_TELEMETRY_RAW_DAYS", 1)
 GPUSHARE_TELEMETRY_MINUTE_DAYS = env_int("GPUSHARE_TELEMETRY_MINUTE_DAYS", 30)
 GPUSHARE_TELEMETRY_RETENTION_DAYS = env_int("GPUSHARE_TELEMETRY_RETENTION_DAYS", 365)
 GPUSHARE_TELEMETRY_ROLLUP_INTERVAL_S = env_float("GPUSHARE_TELEMETRY_ROLLUP_INTERVAL_S", 300.0)
-# Set: /metrics asks for `Authorization: Bearer <this>`; empty: open (scrapers inside the
-# cluster's network).
+# Set: /metrics and /metrics/cluster ask for `Authorization: Bearer <this>`; empty: they
+# answer this machine only (loopback clients).
 GPUSHARE_METRICS_TOKEN = env_str("GPUSHARE_METRICS_TOKEN", "")
+# The commit the image was built from (the Dockerfile's build argument), for the
+# `commit` label of gpushare_build_info; empty when unknown.
+GPUSHARE_BUILD_COMMIT = env_str("GPUSHARE_BUILD_COMMIT", "")
 CELERY_IMPORTS.append("workers.telemetry_tasks")
 CELERY_BEAT_SCHEDULE["telemetry-rollup"] = {
     "task": "workers.telemetry_rollup",

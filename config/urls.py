@@ -14,7 +14,7 @@ from tenants.urls import admin_api_urlpatterns, tenant_api_urlpatterns
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
-    path("", include("config.metrics")),  # /metrics (Prometheus)
+    path("", include("config.metrics")),  # /metrics, /metrics/cluster (Prometheus)
     path("admin/", admin.site.urls),
     path("console/", include("config.console")),
     path("api/v1/", include(admin_api_urlpatterns)),

@@ -7,12 +7,7 @@ source "$(dirname "$0")/lib.sh"
 
 CHROMIUM="${GPUSHARE_CHROMIUM:-/usr/bin/chromium}"
 
-if [ ! -x "$CHROMIUM" ]; then
-  [ "$CHROMIUM" = /usr/bin/chromium ] \
-    || die "GPUSHARE_CHROMIUM=$CHROMIUM is not an executable file"
-  apt_install chromium
-  [ -x "$CHROMIUM" ] || die "installed the chromium package but $CHROMIUM is still missing"
-fi
+ensure_debian_executable "$CHROMIUM" /usr/bin/chromium chromium GPUSHARE_CHROMIUM
 
 # A real start, so a broken install fails here and not in the middle of the tests.
 timeout 60 "$CHROMIUM" --headless --no-sandbox --disable-gpu --no-first-run \

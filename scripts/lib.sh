@@ -21,3 +21,14 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null \
     || die "apt-get install $* failed"
 }
+
+# Makes sure the executable PATH is there. PATH is either DEFAULT, Debian's PACKAGE's own
+# file, installed when missing; or what the environment variable VAR pointed at instead,
+# which must exist already.
+ensure_debian_executable() {
+  local path="$1" default="$2" package="$3" var="$4"
+  [ -x "$path" ] && return 0
+  [ "$path" = "$default" ] || die "$var=$path is not an executable file"
+  apt_install "$package"
+  [ -x "$path" ] || die "installed the $package package but $path is still missing"
+}

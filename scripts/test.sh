@@ -15,6 +15,8 @@ say "mypy"
 export GPUSHARE_VLLM_PYTHON="${GPUSHARE_VLLM_PYTHON:-$("$REPO_ROOT/scripts/engine_setup.sh" | tail -1)}"
 # Browser tests drive the console in Debian's headless Chromium.
 "$REPO_ROOT/scripts/ensure_chromium.sh"
+# The alert rules' unit tests run in Debian's promtool.
+"$REPO_ROOT/scripts/ensure_promtool.sh"
 say "pytest (database: ${DATABASE_URL:-SQLite})"
 if [ "$#" -gt 0 ]; then
   exec "$VENV/bin/pytest" "$@"

@@ -1,18 +1,22 @@
-"""`/metrics` read back with prometheus-client's own parser, over the real Redis and
-PostgreSQL: every documented metric, its labels and values, and rejections counted from the
-OpenAI API's error path."""
+"""`/metrics/cluster` and `/metrics` read back with prometheus-client's own parser, over the
+real Redis and PostgreSQL: every documented metric on its page, its labels, units and
+values, histogram buckets, rejections counted from the OpenAI API's error path, and the
+cluster-wide series counted once however many replicas serve them."""
 
 from __future__ import annotations
 
+import sys
+import tomllib
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import redis
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from config.metrics import METRICS
+from config.metrics import CLUSTER_METRICS, PROCESS_METRICS
 from config.redis import redis_client
 from scheduler.fairqueue.domain import TenantPolicy
 from scheduler.pools import fair_queue
@@ -28,8 +32,8 @@ pytestmark = pytest.mark.django_db
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
-def scrape(client: Client | None = None, **headers: str) -> Samples:
-    response = (client or Client()).get("/metrics", headers=headers)
+def scrape(client: Client | None = None, path: str = "/metrics/cluster", **headers: str) -> Samples:
+    response = (client or Client()).get(path, headers=headers)
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
     samples: Samples = {}
@@ -72,11 +76,11 @@ def busy(
     queue.set_tenant_policy("acme", TenantPolicy(weight=1.0, quota_bytes=100 * UNIT_BYTES))
     queue.enqueue(tenant="acme", pool="m", request_class="interactive", prompt_tokens=1,
                   max_tokens=1, kv_bytes=UNIT_BYTES)  # fmt: skip
-    for wait_ms, latency_ms in ((10, 300), (2000, 6000)):
+    for wait_ms, ttft_ms, latency_ms in ((10, 40, 300), (2000, None, 6000)):
         UsageRecord.objects.create(
             request_id=uuid.uuid4().hex, tenant=owner, model="m", request_class="standard",
             outcome="success", prompt_tokens=7, completion_tokens=3, queue_wait_ms=wait_ms,
-            latency_ms=latency_ms, finished_at=datetime.now(tz=UTC),
+            ttft_ms=ttft_ms, latency_ms=latency_ms, finished_at=datetime.now(tz=UTC),
         )  # fmt: skip
     rejection_note(authorization=f"Bearer {owner_key.raw_key}", reason="rate_limit_exceeded",
                    status=429, request_class="", endpoint="chat", at=1.79e9)  # fmt: skip
@@ -86,21 +90,88 @@ def busy(
     return owner
 
 
-def test_every_documented_metric_is_exposed_after_traffic(busy: Tenant):
-    samples = scrape()
-    families = {name.removesuffix("_total").removesuffix("_bucket") for name in samples}
-    missing = [name for name in METRICS if name not in families]
-    assert not missing
-    assert all(name.startswith("gpushare_") for name in samples)
+def families(samples: Samples) -> set[str]:
+    return {
+        name.removesuffix("_total").removesuffix("_bucket").removesuffix("_count")
+        .removesuffix("_sum")
+        for name in samples
+    }  # fmt: skip
 
 
-def test_queue_reservation_and_quota_carry_tenant_class_and_pool_labels(busy: Tenant):
+def test_every_documented_metric_is_exposed_on_its_page_after_traffic(busy: Tenant):
+    cluster, process = scrape(), scrape(path="/metrics")
+    assert families(cluster) == set(CLUSTER_METRICS)
+    assert families(process) == set(PROCESS_METRICS)
+    assert all(name.startswith("gpushare_") for name in [*cluster, *process])
+
+
+def test_names_carry_their_base_unit():
+    for name, (kind, _) in {**CLUSTER_METRICS, **PROCESS_METRICS}.items():
+        assert not name.endswith(("_units", "_ms", "_total")), name
+        if kind == "histogram":
+            assert name.endswith("_seconds"), name
+
+
+def test_the_per_pod_page_is_the_build_of_the_process_that_answered(busy: Tenant, settings):
+    from config.metrics import build_labels
+
+    build_labels.cache_clear()
+    settings.GPUSHARE_BUILD_COMMIT = "0123abc"
+    try:
+        samples = scrape(path="/metrics")
+    finally:
+        build_labels.cache_clear()
+    python = ".".join(str(part) for part in sys.version_info[:3])
+    with (Path(__file__).resolve().parents[1] / "pyproject.toml").open("rb") as file:
+        version = tomllib.load(file)["project"]["version"]
+    assert samples == {
+        "gpushare_build_info": [
+            ({"version": version, "commit": "0123abc", "python": python}, 1.0),
+        ]
+    }
+
+
+def test_two_replicas_scraped_as_designed_count_every_request_once(busy: Tenant):
+    """What Prometheus holds with two web pods: each pod's /metrics (a target each) and
+    /metrics/cluster through the Service (one target, answered by either pod). Sums over
+    everything it holds count the ledger's requests and the reservations once, and the
+    per-pod series once per pod."""
+    pods = {"pod-a": Client(), "pod-b": Client()}
+    held: list[tuple[str, dict[str, str], float]] = []
+    for pod, client in pods.items():
+        for name, rows in scrape(client, path="/metrics").items():
+            held += [(name, {**labels, "instance": pod}, v) for labels, v in rows]
+    answers = [scrape(client) for client in pods.values()]  # the Service picks either pod
+    for name, rows in answers[0].items():
+        held += [(name, {**labels, "instance": "web"}, v) for labels, v in rows]
+
+    def total(name: str, **labels: str) -> float:
+        return sum(
+            v for n, ls, v in held if n == name and all(ls.get(k) == x for k, x in labels.items())
+        )
+
+    assert total("gpushare_requests_total", outcome="success") == 2  # the ledger's two rows
+    assert total("gpushare_requests_total", outcome="rejected") == 1  # and the 429
+    assert total("gpushare_tokens_total", kind="prompt") == 14
+    assert total("gpushare_tenant_reserved_bytes", tenant="acme") == UNIT_BYTES
+    assert total("gpushare_cluster_info") == 1
+    assert total("gpushare_build_info") == 2  # one per pod: per-process, as it should be
+    # Either pod answers the Service with the same values: they are read from shared state.
+    moving = "gpushare_queue_oldest_wait_seconds"  # the clock moves between the two scrapes
+    assert {n: r for n, r in answers[0].items() if n != moving} == {
+        n: r for n, r in answers[1].items() if n != moving
+    }
+
+
+def test_queue_reservation_and_quota_carry_tenant_class_and_pool_labels_in_bytes(busy: Tenant):
+    Tenant.objects.filter(pk=busy.pk).update(burst_units=3)
     samples = scrape()
     assert value(samples, "gpushare_queue_depth", tenant="acme", **{"class": "interactive"}) == 1
     assert value(samples, "gpushare_queue_running", tenant="acme", **{"class": "standard"}) == 1
-    assert value(samples, "gpushare_tenant_reserved_units", tenant="acme") == 1.0
-    assert value(samples, "gpushare_tenant_quota_units", tenant="acme") == 8
-    assert value(samples, "gpushare_engine_reserved_units", engine="eng-a") == 1.0
+    assert value(samples, "gpushare_tenant_reserved_bytes", tenant="acme") == UNIT_BYTES
+    assert value(samples, "gpushare_tenant_quota_bytes", tenant="acme") == 8 * UNIT_BYTES
+    assert value(samples, "gpushare_tenant_burst_bytes", tenant="acme") == 3 * UNIT_BYTES
+    assert value(samples, "gpushare_engine_reserved_bytes", engine="eng-a") == UNIT_BYTES
     assert value(samples, "gpushare_engine_inflight", engine="eng-a") == 1
 
 
@@ -120,6 +191,30 @@ def test_ledger_counters_and_histograms(busy: Tenant):
     assert value(samples, f"{latency}_bucket", le="0.5", **labels) == 1
     assert value(samples, f"{latency}_bucket", le="5.0", **labels) == 1
     assert value(samples, f"{latency}_bucket", le="10.0", **labels) == 2
+    # Only the row that got a first token is observed: 40 ms.
+    ttft = "gpushare_time_to_first_token_seconds"
+    assert value(samples, f"{ttft}_count", **labels) == 1
+    assert value(samples, f"{ttft}_sum", **labels) == pytest.approx(0.04)
+    assert value(samples, f"{ttft}_bucket", le="0.05", **labels) == 1
+    assert value(samples, f"{ttft}_bucket", le="+Inf", **labels) == 1
+
+
+def test_histograms_have_every_bucket_ascending_and_cumulative(busy: Tenant):
+    from workers.telemetry import LATENCY_BUCKETS_S, TTFT_BUCKETS_S, WAIT_BUCKETS_S
+
+    samples = scrape()
+    labels = {"tenant": "acme", "class": "standard", "model": "m"}
+    for name, bounds in (
+        ("gpushare_admission_wait_seconds", WAIT_BUCKETS_S),
+        ("gpushare_time_to_first_token_seconds", TTFT_BUCKETS_S),
+        ("gpushare_request_latency_seconds", LATENCY_BUCKETS_S),
+    ):
+        rows = [(ls["le"], v) for ls, v in samples[f"{name}_bucket"]
+                if all(ls.get(k) == x for k, x in labels.items())]  # fmt: skip
+        assert [le for le, _ in rows] == [*(repr(b) for b in bounds), "+Inf"], name
+        counts = [v for _, v in rows]
+        assert counts == sorted(counts), name
+        assert counts[-1] == value(samples, f"{name}_count", **labels), name
 
 
 def test_engine_and_gpu_values_come_from_the_sampler(busy: Tenant):
@@ -132,7 +227,8 @@ def test_engine_and_gpu_values_come_from_the_sampler(busy: Tenant):
     assert value(samples, "gpushare_gpu_utilization_ratio", gpu="0") == pytest.approx(0.55)
     assert value(samples, "gpushare_gpu_memory_total_bytes", gpu="0") == 80e9
     assert value(samples, "gpushare_gpu_temperature_celsius", gpu="0") == 61
-    assert value(samples, "gpushare_engine_ttft_seconds", **engine) == pytest.approx(0.05)
+    # TTFT is a histogram by tenant, class and model (from the ledger), not an engine's mean.
+    assert "gpushare_engine_ttft_seconds" not in samples
     assert value(samples, "gpushare_rejections_total", tenant="acme", status="429") == 1
 
 
@@ -174,20 +270,22 @@ def test_refused_openai_requests_are_counted_by_tenant_reason_and_status(
     assert (rejected.outcome, rejected.status_code, rejected.endpoint) == ("rejected", 404, "chat")
 
 
-def test_without_a_token_only_this_machine_may_read_the_metrics(redis_db, settings):
+@pytest.mark.parametrize("page", ["/metrics", "/metrics/cluster"])
+def test_without_a_token_only_this_machine_may_read_the_metrics(redis_db, settings, page):
     settings.GPUSHARE_METRICS_TOKEN = ""
-    assert Client(REMOTE_ADDR="127.0.0.1").get("/metrics").status_code == 200
-    assert Client(REMOTE_ADDR="::1").get("/metrics").status_code == 200
-    refused = Client(REMOTE_ADDR="10.1.2.3").get("/metrics")
+    assert Client(REMOTE_ADDR="127.0.0.1").get(page).status_code == 200
+    assert Client(REMOTE_ADDR="::1").get(page).status_code == 200
+    refused = Client(REMOTE_ADDR="10.1.2.3").get(page)
     assert refused.status_code == 403
     assert b"GPUSHARE_METRICS_TOKEN" in refused.content
 
 
-def test_a_metrics_token_when_set_is_required(redis_db, settings):
+@pytest.mark.parametrize("page", ["/metrics", "/metrics/cluster"])
+def test_a_metrics_token_when_set_is_required(redis_db, settings, page):
     settings.GPUSHARE_METRICS_TOKEN = "scrape-me"
-    assert Client().get("/metrics").status_code == 401
-    assert Client().get("/metrics", headers={"Authorization": "Bearer nope"}).status_code == 401
-    scrape(Authorization="Bearer scrape-me")
+    assert Client().get(page).status_code == 401
+    assert Client().get(page, headers={"Authorization": "Bearer nope"}).status_code == 401
+    scrape(path=page, Authorization="Bearer scrape-me")
 
 
 def test_prompt_tokens_used_beyond_their_reservation_are_a_counter_by_tenant(busy: Tenant):

@@ -1,16 +1,23 @@
-"""The Prometheus alert rules parse and use only metric names that /metrics exposes."""
+"""The Prometheus alert rules parse, use only metric names the web exports, and pass their
+unit tests (platform/prometheus/rules_test.yml) in promtool."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
-from config.metrics import METRICS
+from config.metrics import CLUSTER_METRICS, METRICS, PROCESS_METRICS
 
 RULES = Path(__file__).resolve().parents[1] / "platform" / "prometheus" / "rules.yml"
+RULES_TEST = RULES.with_name("rules_test.yml")
+# Debian's `prometheus` package ships it; scripts/ensure_promtool.sh installs it.
+PROMTOOL = os.environ.get("GPUSHARE_PROMTOOL", "/usr/bin/promtool")
 SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}
 
 
@@ -41,6 +48,51 @@ def test_the_rules_refer_only_to_metrics_that_exist():
         used = set(re.findall(r"\bgpushare_\w+", rule["expr"]))
         assert used, rule["alert"]
         assert used <= exposed, (rule["alert"], used - exposed)
+
+
+def test_the_per_pod_series_are_only_counted_never_summed():
+    """gpushare_build_info is one series per pod; the rules count builds, never add it up
+    with the cluster-wide series."""
+    cluster = set(CLUSTER_METRICS)
+    for rule in rules():
+        used = {n.removesuffix("_bucket") for n in re.findall(r"\bgpushare_\w+", rule["expr"])}
+        if used & set(PROCESS_METRICS):
+            assert not used & cluster, rule["alert"]
+            assert "sum" not in rule["expr"], rule["alert"]
+
+
+def test_the_rules_pass_their_unit_tests_in_promtool():
+    if not Path(PROMTOOL).exists():
+        pytest.fail(
+            f"No promtool at {PROMTOOL}: run scripts/ensure_promtool.sh "
+            "(or point GPUSHARE_PROMTOOL at one)."
+        )
+    for command in (["check", "rules", RULES.name], ["test", "rules", RULES_TEST.name]):
+        result = subprocess.run(
+            [PROMTOOL, *command],
+            cwd=RULES.parent,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_alerts_on_bytes_ttft_and_scraping_have_unit_tests():
+    tested = {
+        case["alertname"]
+        for test in yaml.safe_load(RULES_TEST.read_text())["tests"]
+        for case in test["alert_rule_test"]
+    }
+    assert {
+        "GpushareTenantAtQuota",
+        "GpushareRejectingForQuota",
+        "GpushareInteractiveTtftP99OverTarget",
+        "GpushareClusterMetricsScrapedTwice",
+        "GpushareClusterMetricsAbsent",
+        "GpushareWebVersionsMixed",
+    } <= tested
 
 
 def test_the_seed_advice_is_covered_with_its_durations():

@@ -10,7 +10,8 @@ Every few seconds (a turn of the workers' ticker, workers/periodic.py, once in t
    the engine's load (DESIGN.md, Load), written to the fair queue for the offline gate;
 4. rejections the web views noted (`rejection_note`) resolved to tenants, counted, and
    written to the ledger;
-5. new rows of the usage ledger folded into Redis counters for `/metrics`.
+5. new rows of the usage ledger folded into Redis counters (and histogram buckets) for
+   `/metrics/cluster`.
 
 Live values are Redis hashes that expire when nobody refreshes them; history rows go to
 `workers.models` and `telemetry_rollup` downsamples them as they age.
@@ -68,8 +69,13 @@ DRAINING_REJECTIONS_KEY = PREFIX + "rejections:draining"
 UNRESERVED_KEY = PREFIX + "unreserved_prompt_tokens"
 # Fields of counter hashes are joined with a tab: slugs, classes and model names hold none.
 SEP = "\t"
-# Seconds; the admission-wait and latency histograms of /metrics.
+# Seconds; the admission-wait, time-to-first-token and latency histograms of
+# /metrics/cluster. The folded counters name a bucket by its index in these tuples, so a
+# tuple is never edited in place: other bounds need a new counter kind (the old counts would
+# land in the wrong buckets). TTFT is counted from arrival, so its buckets reach into
+# queueing times too.
 WAIT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+TTFT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0, 60.0, 300.0)
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 # Ledger rows folded per tick at most: a long backlog catches up over several ticks.
 FOLD_PAGE = 5000
@@ -407,7 +413,7 @@ def _sample(
     return report
 
 
-# --- the ledger, folded into counters for /metrics ---------------------------------------
+# --- the ledger, folded into counters for /metrics/cluster -------------------------------
 
 
 def _bucket_index(value_s: float, buckets: tuple[float, ...]) -> str:
@@ -439,6 +445,10 @@ def _fold_increments(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
         add(counter_field("wait_sum", *labels), wait_s)
         add(counter_field("lat", *labels, _bucket_index(latency_s, LATENCY_BUCKETS_S)), 1)
         add(counter_field("lat_sum", *labels), latency_s)
+        if row["ttft_ms"] is not None:  # None: no token came (an error before the first)
+            ttft_s = row["ttft_ms"] / 1000.0
+            add(counter_field("ttft", *labels, _bucket_index(ttft_s, TTFT_BUCKETS_S)), 1)
+            add(counter_field("ttft_sum", *labels), ttft_s)
     return increments
 
 
@@ -469,6 +479,7 @@ def ledger_fold(client: redis.Redis | None = None, *, page: int = FOLD_PAGE) -> 
                 "prompt_tokens",
                 "completion_tokens",
                 "queue_wait_ms",
+                "ttft_ms",
                 "latency_ms",
                 "requests",
             )[:page]
@@ -520,8 +531,8 @@ def rejection_note(
     """Notes one refused request: a single HINCRBY, cheap enough for the web view.
 
     The key is kept as its hash (as the database keeps it); the sampler resolves it to a
-    tenant, counts it for /metrics and writes `rejected` rows to the ledger. A 401's key is
-    not anyone's, so it is not even hashed.
+    tenant, counts it for /metrics/cluster and writes `rejected` rows to the ledger. A 401's
+    key is not anyone's, so it is not even hashed.
     """
     parts = authorization.split()
     key_hash = hash_key(parts[1]) if len(parts) == 2 and status != 401 else ""
@@ -534,7 +545,7 @@ def rejection_note(
 
 def rejections_drain(client: redis.Redis | None = None) -> int:
     """The rejections noted since the last drain: counted by tenant, reason and status for
-    /metrics, and written to the ledger (outcome `rejected`, or `timeout` for a queue
+    /metrics/cluster, and written to the ledger (outcome `rejected`, or `timeout` for a queue
     timeout) when the key was a tenant's. Returns how many were drained."""
     client = client or redis_client()
     # One round trip on a tick with nothing noted, nearly every tick: a drain cut short

@@ -1,6 +1,7 @@
 """Telemetry end to end: real traffic through the openai client to the real vLLM CPU engine,
-then /metrics (parsed by prometheus-client), the sampler's history and load (real pynvml on
-a machine without an NVIDIA driver: no GPU fields), and the usage report over the ledger."""
+then /metrics/cluster and /metrics (parsed by prometheus-client), the sampler's history and
+load (real pynvml on a machine without an NVIDIA driver: no GPU fields), and the usage
+report over the ledger."""
 
 from __future__ import annotations
 
@@ -16,13 +17,14 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from config.metrics import METRICS
+from config.metrics import CLUSTER_METRICS
+from scheduler.units import UNIT_BYTES
 from tests.e2e.conftest import MODEL, make_tenant
 from tests.e2e.harness import Platform
 
 T = TypeVar("T")
 Samples = dict[str, list[tuple[dict[str, str], float]]]
-GPU_METRICS = [name for name in METRICS if name.startswith("gpushare_gpu_")]
+GPU_METRICS = [name for name in CLUSTER_METRICS if name.startswith("gpushare_gpu_")]
 
 
 def client_for(platform: Platform, key: str) -> openai.OpenAI:
@@ -39,8 +41,8 @@ def wait_for(predicate: Callable[[], T | None], timeout: float = 45.0) -> T:
     raise AssertionError("condition not met in time")
 
 
-def scrape(platform: Platform) -> Samples:
-    response = httpx.get(f"{platform.base_url}/metrics", timeout=10)
+def scrape(platform: Platform, path: str = "/metrics/cluster") -> Samples:
+    response = httpx.get(f"{platform.base_url}{path}", timeout=10)
     assert response.status_code == 200
     samples: Samples = {}
     for family in text_string_to_metric_families(response.text):
@@ -101,14 +103,18 @@ def test_metrics_expose_every_documented_metric_after_real_traffic(platform_serv
         samples = scrape(platform_server)
         done = total(samples, "gpushare_requests_total", tenant=slug, outcome="success")
         seen_429 = total(samples, "gpushare_rejections_total", tenant=slug, status="429")
-        ttft = total(samples, "gpushare_engine_ttft_seconds", engine=MODEL)
+        ttft = total(samples, "gpushare_time_to_first_token_seconds_count", tenant=slug)
         expected = (traffic["succeeded"], traffic["rejected"])
         return samples if (done, seen_429) == expected and ttft > 0 else None
 
     samples = wait_for(ready)
     assert all(name.startswith("gpushare_") for name in samples)
-    families = {name.removesuffix("_total").removesuffix("_bucket") for name in samples}
-    missing = [name for name in METRICS if name not in families and name not in GPU_METRICS]
+    families = {
+        name.removesuffix("_total").removesuffix("_bucket").removesuffix("_count")
+        .removesuffix("_sum")
+        for name in samples
+    }  # fmt: skip
+    missing = [name for name in CLUSTER_METRICS if name not in families and name not in GPU_METRICS]
     assert not missing
     # A CPU machine: the GPU metrics are documented but have no samples, never zeros.
     assert not [name for name in samples if name.startswith("gpushare_gpu_")]
@@ -123,7 +129,11 @@ def test_metrics_expose_every_documented_metric_after_real_traffic(platform_serv
     assert waits == total(samples, "gpushare_requests_total", tenant=slug, outcome="success")
     assert total(samples, "gpushare_rejections_total", tenant=slug, reason="rate_limit_exceeded") \
         == traffic["rejected"]  # fmt: skip
-    assert total(samples, "gpushare_tenant_quota_units", tenant=slug) == 4
+    assert total(samples, "gpushare_tenant_quota_bytes", tenant=slug) == 4 * UNIT_BYTES
+    # The streamed requests got a first token (the others' may count too).
+    assert 2 <= total(samples, "gpushare_time_to_first_token_seconds_count", tenant=slug) <= waits
+    # Each pod's own page: only the build it runs.
+    assert set(scrape(platform_server, "/metrics")) == {"gpushare_build_info"}
 
 
 def shell_json(platform: Platform, code: str) -> Any:

@@ -348,6 +348,22 @@ def test_the_ledger_is_folded_into_counters_once(live: redis.Redis, owner: Tenan
     assert waits == 1
 
 
+def test_time_to_first_token_is_folded_into_buckets_when_a_token_came(
+    live: redis.Redis, owner: Tenant
+):
+    usage(owner, ttft_ms=240)
+    usage(owner, ttft_ms=4000)
+    usage(owner, ttft_ms=None)  # no token came: no observation
+    usage(owner, outcome="rejected", status_code=429, ttft_ms=0)  # never admitted
+    assert ledger_fold(live) + ledger_fold(live) == 4
+    counters = ledger_counters(live)
+    ttft = {k[4]: v for k, v in counters.items() if k[0] == "ttft"}
+    # 0.24 s falls in the 0.25 s bucket (index 2); 4 s in the 5 s one (index 9).
+    assert ttft == {"2": 1, "9": 1}
+    assert (telemetry.TTFT_BUCKETS_S[2], telemetry.TTFT_BUCKETS_S[9]) == (0.25, 5.0)
+    assert counters[("ttft_sum", "acme", "standard", "m")] == pytest.approx(4.24)
+
+
 def test_a_fold_reads_the_ledger_in_pages(live: redis.Redis, owner: Tenant):
     for _ in range(3):
         usage(owner)
