@@ -1,4 +1,10 @@
-"""/healthz (the process is alive) and /readyz (database and Redis answer, an engine is ready)."""
+"""/healthz (the process is alive) and /readyz (database and Redis answer, an engine is ready).
+
+`/readyz?exclude=engines` leaves checks out (comma-separated or repeated, as Kubernetes' own
+API server reads it): the web pods' readiness probe asks only for the database and Redis
+(platform/k8s/base/web.yaml says why). An unknown name is refused (400), so that a probe
+with a typo fails instead of checking less than it says.
+"""
 
 from __future__ import annotations
 
@@ -53,8 +59,15 @@ READINESS_CHECKS: dict[str, Callable[[], None]] = {
 
 @require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
+    excluded = {name for value in request.GET.getlist("exclude") for name in value.split(",")}
+    unknown = sorted(excluded - set(READINESS_CHECKS))
+    if unknown:
+        error = f"unknown check(s): {', '.join(unknown)}; known: {', '.join(READINESS_CHECKS)}"
+        return JsonResponse({"status": "bad request", "error": error}, status=400)
     checks: dict[str, dict[str, object]] = {}
     for name, check in READINESS_CHECKS.items():
+        if name in excluded:
+            continue
         try:
             check()
         except Exception as exc:  # any failure means "not ready"; say which and why

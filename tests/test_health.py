@@ -40,3 +40,21 @@ def test_readyz_says_which_dependency_is_down(client, settings):
     assert body["checks"]["database"] == {"ok": True}
     assert "ConnectionError" in body["checks"]["redis"]["error"]
     assert "no engine is ready" in body["checks"]["engines"]["error"]
+
+
+@pytest.mark.django_db
+def test_readyz_leaves_out_the_checks_it_is_told_to(client, redis_db):
+    # No engine: the web pods' probe asks for the database and Redis only.
+    response = client.get("/readyz?exclude=engines")
+    assert response.status_code == 200, response.content
+    assert response.json()["checks"] == {"database": {"ok": True}, "redis": {"ok": True}}
+    both = client.get("/readyz", {"exclude": ["engines", "redis"]}).json()
+    assert both["checks"] == client.get("/readyz?exclude=engines,redis").json()["checks"]
+    assert both["checks"] == {"database": {"ok": True}}
+
+
+@pytest.mark.django_db
+def test_readyz_refuses_a_check_it_does_not_know(client):
+    response = client.get("/readyz?exclude=engine")
+    assert response.status_code == 400
+    assert "unknown check(s): engine" in response.json()["error"]

@@ -1,6 +1,8 @@
 """platform/: the compose file and Kubernetes manifests parse, run the platform's real entry
 points, set only environment variables the platform reads, and request what a GPU node
-needs. Docker and Kubernetes are not available here: this checks the files, not a build."""
+needs. Docker and a cluster are not available here: this checks the files, not a build.
+The overlays are rendered with `kubectl kustomize` where kubectl is installed
+(tests/test_platform_overlays.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ PLATFORM = REPO / "platform"
 SETTINGS = REPO / "config" / "settings.py"
 DOCKERFILE = PLATFORM / "Dockerfile"
 SETUP_VLLM = REPO / "scripts" / "setup_vllm.sh"
-K8S = PLATFORM / "k8s"
+K8S = PLATFORM / "k8s" / "base"
+SECRET_EXAMPLE = PLATFORM / "k8s" / "production" / "secret.example.yaml"
 
 WEB = ["python", "-m", "config.serve", "config.asgi:application"]
 WORKER = ["celery", "-A", "config", "worker"]
@@ -152,7 +155,7 @@ def test_kubernetes_config_and_secret_hold_only_settings_the_platform_reads():
     known = settings_env_names() | OTHER_KNOWN_ENV
     config = by_kind_name("ConfigMap", "gpushare")
     assert set(config["data"]) <= known, set(config["data"]) - known
-    secret = load_all(K8S / "secret.example.yaml")[0]
+    secret = load_all(SECRET_EXAMPLE)[0]
     assert set(secret["stringData"]) <= known
     assert {"DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY"} <= set(secret["stringData"])
     for doc in k8s_docs():
@@ -164,9 +167,9 @@ def test_kubernetes_config_and_secret_hold_only_settings_the_platform_reads():
             assert refs == {"gpushare"}, (doc["metadata"]["name"], refs)
 
 
-def test_kustomization_lists_every_manifest_but_the_secret_example():
+def test_kustomization_lists_every_manifest_of_the_base():
     listed = set(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"])
-    present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml", "secret.example.yaml"}
+    present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
     assert listed == present
 
 

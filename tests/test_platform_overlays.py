@@ -1,0 +1,234 @@
+"""platform/k8s's overlays as `kubectl kustomize` renders them: every object valid against the
+Kubernetes schemas (kubernetes-validate's, offline), the pods' references resolved, the
+probes and scrapes answered by the web, and the migrate Job ahead of every new pod.
+Without kubectl on PATH these tests are skipped (tests/test_platform_files.py still reads
+the base's files)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import kubernetes_validate
+import pytest
+import yaml
+from django.http.request import validate_host
+
+from config.health import READINESS_CHECKS
+
+K8S = Path(__file__).resolve().parent.parent / "platform" / "k8s"
+OVERLAYS = ["development", "production"]
+# The oldest Kubernetes the manifests are meant for, and the newest the schemas know.
+KUBERNETES_VERSIONS = ["1.29", kubernetes_validate.latest_version()]
+PODS = {"Deployment", "DaemonSet", "StatefulSet", "Job"}
+
+kubectl = shutil.which("kubectl")
+pytestmark = pytest.mark.skipif(kubectl is None, reason="kubectl (for `kubectl kustomize`)")
+
+# Prometheus Operator's CRDs are not in kubernetes-validate's schemas (they are the
+# operator's, not Kubernetes'): their objects are checked against the fields used here, as
+# the operator's CRDs (monitoring.coreos.com/v1) define them.
+_ENDPOINT = {
+    "type": "object",
+    "required": ["port", "path"],
+    "additionalProperties": False,
+    "properties": {
+        "port": {"type": "string"},
+        "path": {"type": "string"},
+        "interval": {"type": "string", "pattern": "^[0-9]+[smh]$"},
+        "authorization": {
+            "type": "object",
+            "required": ["type", "credentials"],
+            "properties": {
+                "type": {"const": "Bearer"},
+                "credentials": {"type": "object", "required": ["name", "key"]},
+            },
+        },
+    },
+}
+MONITOR_SCHEMAS = {
+    kind: {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "metadata": {"type": "object", "required": ["name", "namespace"]},
+            "spec": {
+                "type": "object",
+                "required": ["selector", endpoints],
+                "additionalProperties": False,
+                "properties": {
+                    "selector": {"type": "object", "required": ["matchLabels"]},
+                    endpoints: {"type": "array", "minItems": 1, "items": _ENDPOINT},
+                },
+            },
+        },
+    }
+    for kind, endpoints in (("ServiceMonitor", "endpoints"), ("PodMonitor", "podMetricsEndpoints"))
+}
+
+
+@cache
+def render(overlay: str) -> tuple[dict[str, Any], ...]:
+    assert kubectl is not None
+    out = subprocess.run(
+        [kubectl, "kustomize", str(K8S / overlay)], capture_output=True, text=True, check=True
+    ).stdout
+    return tuple(doc for doc in yaml.safe_load_all(out) if doc)
+
+
+def one(overlay: str, kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in render(overlay) if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, (overlay, kind, name)
+    return found[0]
+
+
+def pod_specs(overlay: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    return [(d, d["spec"]["template"]["spec"]) for d in render(overlay) if d["kind"] in PODS]
+
+
+def secret_keys(overlay: str) -> set[str]:
+    """The Secret `gpushare`'s keys: the overlay's own, or the example production creates."""
+    rendered = [d for d in render(overlay) if d["kind"] == "Secret"]
+    if rendered:
+        return set(rendered[0]["data"])
+    example = yaml.safe_load((K8S / overlay / "secret.example.yaml").read_text())
+    return set(example["stringData"])
+
+
+def expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(NAME) in an env value: the value of NAME defined before it."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), value)
+
+
+def container_env(overlay: str, container: dict[str, Any], pod_ip: str) -> dict[str, str]:
+    """The environment a container starts with, as the kubelet builds it: envFrom's first,
+    then env in order, each $(NAME) expanded."""
+    config = one(overlay, "ConfigMap", "gpushare")["data"]
+    env = {k: v for ref in container.get("envFrom", []) if "configMapRef" in ref
+           for k, v in config.items()}  # fmt: skip
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = expand(var["value"], env)
+        elif var["valueFrom"].get("fieldRef", {}).get("fieldPath") == "status.podIP":
+            env[var["name"]] = pod_ip
+    return env
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_object_of_an_overlay_is_valid_kubernetes(overlay, version):
+    kinds = set()
+    for doc in render(overlay):
+        kinds.add(doc["kind"])
+        assert doc["metadata"].get("namespace", "gpushare") == "gpushare", doc["metadata"]
+        if doc["kind"] in MONITOR_SCHEMAS:
+            import jsonschema
+
+            jsonschema.validate(doc, MONITOR_SCHEMAS[doc["kind"]])
+            continue
+        # strict: an unknown field (a typo, a field of another version) is an error too.
+        kubernetes_validate.validate(doc, version, strict=True)
+    assert {"Namespace", "ConfigMap", "Job", "Deployment", "DaemonSet", "Service"} <= kinds
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_pod_finds_its_config_secret_and_volumes(overlay):
+    names = {(d["kind"], d["metadata"]["name"]) for d in render(overlay)}
+    assert ("ConfigMap", "gpushare") in names
+    assert {"DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY"} <= secret_keys(overlay)
+    for doc, spec in pod_specs(overlay):
+        for volume in spec.get("volumes", []):
+            if "persistentVolumeClaim" in volume:
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                assert ("PersistentVolumeClaim", claim) in names, (doc["metadata"], claim)
+        mounted = {v["name"] for c in spec["containers"] for v in c.get("volumeMounts", [])}
+        claims = doc["spec"].get("volumeClaimTemplates", [])  # a StatefulSet's own volumes
+        volumes = {v["name"] for v in spec.get("volumes", [])} | {
+            c["metadata"]["name"] for c in claims
+        }
+        assert mounted <= volumes, doc["metadata"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_new_pod_waits_for_the_migrate_job_of_its_image(overlay):
+    job = one(overlay, "Job", "migrate")
+    # A finished Job goes away by itself, so a later `apply` with a new image creates it again.
+    assert job["spec"]["ttlSecondsAfterFinished"] > 0
+    migrate = job["spec"]["template"]["spec"]["containers"][0]
+    assert migrate["command"][:3] == ["python", "manage.py", "migrate"]
+    for doc, spec in pod_specs(overlay):
+        if doc["metadata"]["labels"].get("app.kubernetes.io/name") != "gpushare" or doc is job:
+            continue
+        (wait,) = spec["initContainers"]
+        assert "manage.py migrate --check" in wait["command"][-1]
+        assert wait["image"] == spec["containers"][0]["image"]
+        assert wait["envFrom"] == spec["containers"][0]["envFrom"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_web_pods_probes_are_answered_at_the_pods_address(overlay):
+    web = one(overlay, "Deployment", "web")["spec"]["template"]["spec"]["containers"][0]
+    readiness = urlsplit(web["readinessProbe"]["httpGet"]["path"])
+    assert readiness.path == "/readyz"
+    # Ready without an engine (the console registers them), not without the database or Redis.
+    assert parse_qs(readiness.query) == {"exclude": ["engines"]}
+    assert set(READINESS_CHECKS) - {"engines"} == {"database", "redis"}
+    assert web["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # The kubelet and Prometheus send Host: <pod IP>:<port>; Django must allow it, and the
+    # names of the ConfigMap still.
+    env = container_env(overlay, web, pod_ip="10.42.7.9")
+    allowed = env["DJANGO_ALLOWED_HOSTS"].split(",")
+    assert validate_host("10.42.7.9", allowed)
+    config = one(overlay, "ConfigMap", "gpushare")["data"]["DJANGO_ALLOWED_HOSTS"]
+    assert all(validate_host(host, allowed) for host in config.split(","))
+    assert "$(" not in env["DJANGO_ALLOWED_HOSTS"]
+
+
+def test_development_runs_its_own_postgres_and_redis_with_an_append_only_file():
+    assert {"DATABASE_URL", "REDIS_URL"} <= set(secret_keys("development"))
+    assert one("development", "Service", "postgres")["spec"]["ports"][0]["port"] == 5432
+    redis = one("development", "StatefulSet", "redis")["spec"]["template"]["spec"]
+    command = redis["containers"][0]["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--appendfsync") + 1] == "everysec"
+
+
+def test_production_is_scraped_by_prometheus_operator_with_the_metrics_token():
+    monitor = one("production", "ServiceMonitor", "gpushare-web")
+    service = one("production", "Service", "web")
+    labels = service["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    credentials = endpoint["authorization"]["credentials"]
+    assert credentials == {"name": "gpushare", "key": "GPUSHARE_METRICS_TOKEN"}
+    assert credentials["key"] in secret_keys("production")
+
+    pods = one("production", "PodMonitor", "gpushare-engines")
+    node = one("production", "DaemonSet", "gpu-node")["spec"]["template"]
+    assert pods["spec"]["selector"]["matchLabels"].items() <= node["metadata"]["labels"].items()
+    ports = {p["name"] for p in node["spec"]["containers"][0]["ports"]}
+    assert {e["port"] for e in pods["spec"]["podMetricsEndpoints"]} <= ports
+
+
+def test_production_sets_images_replicas_and_whole_gpu_nodes():
+    images = {
+        c["image"]
+        for _, spec in pod_specs("production")
+        for c in spec.get("initContainers", []) + spec["containers"]
+    }
+    assert all(image.startswith("registry.example.com/") for image in images), images
+    assert len({image.rsplit(":", 1)[1] for image in images}) == 1  # one release
+    assert one("production", "Deployment", "web")["spec"]["replicas"] >= 2
+    assert one("production", "Deployment", "beat")["spec"]["replicas"] == 1
+    node = one("production", "DaemonSet", "gpu-node")["spec"]["template"]["spec"]
+    assert node["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] > 1
+    # No PostgreSQL or Redis of its own: the Secret names the cluster's.
+    assert not [d for d in render("production") if d["kind"] in {"StatefulSet", "Secret"}]
