@@ -33,6 +33,14 @@ pytestmark = pytest.mark.skipif(kubectl is None, reason="kubectl (for `kubectl k
 # Prometheus Operator's CRDs are not in kubernetes-validate's schemas (they are the
 # operator's, not Kubernetes'): their objects are checked against the fields used here, as
 # the operator's CRDs (monitoring.coreos.com/v1) define them.
+_AUTHORIZATION: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "credentials"],
+    "properties": {
+        "type": {"const": "Bearer"},
+        "credentials": {"type": "object", "required": ["name", "key"]},
+    },
+}
 _ENDPOINT = {
     "type": "object",
     "required": ["port", "path"],
@@ -41,14 +49,7 @@ _ENDPOINT = {
         "port": {"type": "string"},
         "path": {"type": "string"},
         "interval": {"type": "string", "pattern": "^[0-9]+[smh]$"},
-        "authorization": {
-            "type": "object",
-            "required": ["type", "credentials"],
-            "properties": {
-                "type": {"const": "Bearer"},
-                "credentials": {"type": "object", "required": ["name", "key"]},
-            },
-        },
+        "authorization": _AUTHORIZATION,
     },
 }
 MONITOR_SCHEMAS = {
@@ -70,6 +71,34 @@ MONITOR_SCHEMAS = {
         },
     }
     for kind, endpoints in (("ServiceMonitor", "endpoints"), ("PodMonitor", "podMetricsEndpoints"))
+}
+MONITOR_SCHEMAS["ScrapeConfig"] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1alpha1"},
+        "metadata": {"type": "object", "required": ["name", "namespace"]},
+        "spec": {
+            "type": "object",
+            "required": ["metricsPath", "staticConfigs"],
+            "additionalProperties": False,
+            "properties": {
+                "metricsPath": {"type": "string"},
+                "scrapeInterval": {"type": "string", "pattern": "^[0-9]+[smh]$"},
+                "staticConfigs": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["targets"],
+                        "additionalProperties": False,
+                        "properties": {"targets": {"type": "array", "items": {"type": "string"}}},
+                    },
+                },
+                "authorization": _AUTHORIZATION,
+            },
+        },
+    },
 }
 
 
@@ -216,6 +245,23 @@ def test_production_is_scraped_by_prometheus_operator_with_the_metrics_token():
     assert pods["spec"]["selector"]["matchLabels"].items() <= node["metadata"]["labels"].items()
     ports = {p["name"] for p in node["spec"]["containers"][0]["ports"]}
     assert {e["port"] for e in pods["spec"]["podMetricsEndpoints"]} <= ports
+
+
+def test_production_scrapes_the_cluster_wide_metrics_once_through_the_service():
+    scrape = one("production", "ScrapeConfig", "gpushare-cluster")["spec"]
+    assert scrape["metricsPath"] == "/metrics/cluster"
+    (static,) = scrape["staticConfigs"]
+    (target,) = static["targets"]  # one target: each series once, whatever the web replicas
+    host, port = target.rsplit(":", 1)
+    service = one("production", "Service", "web")
+    assert host == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert int(port) in {p["port"] for p in service["spec"]["ports"]}
+    config = one("production", "ConfigMap", "gpushare")["data"]
+    assert host in config["DJANGO_ALLOWED_HOSTS"].split(",")
+    assert scrape["authorization"]["credentials"]["key"] in secret_keys("production")
+    monitored = [m for m in render("production") if m["kind"] in ("ServiceMonitor", "PodMonitor")]
+    paths = {e["path"] for m in monitored for e in m["spec"].get("endpoints", [])}
+    assert "/metrics/cluster" not in paths  # a per-pod scrape of it would double every sum
 
 
 def test_production_sets_images_replicas_and_whole_gpu_nodes():
