@@ -11,14 +11,16 @@ from __future__ import annotations
 import io
 import logging
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.files import File
 from django.db import transaction
 from django.db.models import QuerySet, Sum
+from django.http import FileResponse
 
 from config.errors import DomainError, NotFound
 from scheduler.models import FilePurpose, StoredFile
@@ -50,6 +52,31 @@ def new_file_id() -> str:
 def file_open(stored: StoredFile) -> File:
     """The file's bytes, to read (and close); OSError (FileNotFoundError) when they are gone."""
     return files_storage().open(stored.relative_path, "rb")
+
+
+class FileStreamResponse(FileResponse):
+    """A file's bytes as the response. Served over ASGI, Django would read a synchronous file
+    whole into a list before sending its first byte; this reads it a block at a time, each
+    in a thread, so a download holds one block in memory and never blocks the event loop."""
+
+    block_size = 256 * 1024
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.file_to_stream is None:
+            return
+        read = sync_to_async(self.file_to_stream.read, thread_sensitive=False)
+        while chunk := await read(self.block_size):
+            yield chunk
+
+
+def file_response(stored: StoredFile, content_type: str) -> FileStreamResponse:
+    """The file's bytes as a download; OSError when they are gone."""
+    response = FileStreamResponse(
+        file_open(stored), as_attachment=True, filename=stored.filename, content_type=content_type
+    )
+    # A bucket's stream does not say its length itself.
+    response.headers["Content-Length"] = str(stored.size_bytes)
+    return response
 
 
 def file_lines(handle: File) -> Iterator[bytes]:

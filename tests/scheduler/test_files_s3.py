@@ -18,7 +18,7 @@ from config.files_storage import files_storage_config
 from scheduler.models import Batch, BatchStatus, StoredFile
 from tests.conftest import bearer_client
 from tests.scheduler import test_batches_service as service
-from tests.scheduler.test_files_api import upload
+from tests.scheduler.test_files_api import assert_streamed_over_asgi, upload
 
 pytestmark = pytest.mark.django_db
 
@@ -203,3 +203,11 @@ def test_a_write_past_its_limit_in_the_second_part_leaves_no_object_or_part(buck
         )
     assert keys(bucket) == set()
     assert list(bucket.multipart_uploads.all()) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_content_over_asgi_streams_the_object_a_block_at_a_time(bucket, owner_key):
+    content = b'{"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": {}}\n'
+    content *= 20_000
+    file_id = upload(bearer_client(owner_key), content).json()["id"]
+    assert_streamed_over_asgi(owner_key, file_id, content)
