@@ -4,11 +4,13 @@ The defaults run a fresh checkout: a SQLite file under var/ and a local Redis.
 """
 
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 import django_stubs_ext
 
 from config.env import env_bool, env_float, env_int, env_list, env_str
+from config.files_storage import files_storage_config
 from config.secret_key import secret_key
 from config.sqlite import sqlite_options
 
@@ -329,8 +331,28 @@ CELERY_IMPORTS: list[str] = ["workers.periodic"]
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 
 # --- Batches (issue 6) ----------------------------------------------------------------
-# Uploaded JSONL files and batch outputs, one folder per tenant.
+# Uploaded JSONL files and batch outputs, one folder (or key prefix) per tenant: on this
+# machine's disk under GPUSHARE_BATCH_FILES_DIR, or in an S3-compatible bucket when
+# GPUSHARE_FILES_S3_BUCKET is set. Web and workers on different machines share no disk, so a
+# multi-machine deployment sets the bucket. Credentials come from boto3's usual chain
+# (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE, an instance or pod role).
 GPUSHARE_BATCH_FILES_DIR = Path(env_str("GPUSHARE_BATCH_FILES_DIR", str(VAR_DIR / "files")))
+GPUSHARE_FILES_S3_BUCKET = env_str("GPUSHARE_FILES_S3_BUCKET", "")
+# Another S3-compatible service than AWS (MinIO, Ceph, R2...): its URL.
+GPUSHARE_FILES_S3_ENDPOINT_URL = env_str("GPUSHARE_FILES_S3_ENDPOINT_URL", "")
+GPUSHARE_FILES_S3_REGION = env_str("GPUSHARE_FILES_S3_REGION", "")
+# A folder of the bucket the files go under (a bucket shared with other data).
+GPUSHARE_FILES_S3_PREFIX = env_str("GPUSHARE_FILES_S3_PREFIX", "")
+STORAGES: dict[str, dict[str, Any]] = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "gpushare_files": files_storage_config(
+        bucket=GPUSHARE_FILES_S3_BUCKET,
+        endpoint_url=GPUSHARE_FILES_S3_ENDPOINT_URL,
+        region=GPUSHARE_FILES_S3_REGION,
+        prefix=GPUSHARE_FILES_S3_PREFIX,
+    ),
+}
 GPUSHARE_BATCH_MAX_FILE_BYTES = env_int("GPUSHARE_BATCH_MAX_FILE_BYTES", 200 * 1024 * 1024)
 # What one tenant's files may take in all (its uploads refused past it), and how many of its
 # batches may be active at once (validating, in progress, finalizing, cancelling).

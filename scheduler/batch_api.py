@@ -170,15 +170,9 @@ class FileContentApi(TenantApiView):
     def get(self, request: Request, file_id: str) -> FileResponse:
         stored = files.file_get(tenant=self.principal.tenant, file_id=file_id)
         try:
-            handle = files.file_path(stored).open("rb")
+            return files.file_response(stored, "application/octet-stream")
         except OSError:
             raise files.NotFound(f"The content of {file_id} is gone.", param="id") from None
-        return FileResponse(
-            handle,
-            content_type="application/octet-stream",
-            as_attachment=True,
-            filename=stored.filename,
-        )
 
 
 class BatchListCreateApi(TenantApiView):

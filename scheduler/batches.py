@@ -39,7 +39,7 @@ from config.errors import DomainError, Forbidden, NotFound
 from config.redis import redis_client
 from scheduler.fairqueue.domain import JobRejected, JobState, payload_summary
 from scheduler.fairqueue.queue import FairQueue
-from scheduler.files import file_create, file_get, file_path
+from scheduler.files import file_create, file_get, file_lines, file_open
 from scheduler.inference import (
     ENDPOINT_PATHS,
     GENERATION_ENDPOINTS,
@@ -238,11 +238,6 @@ def _validate_body(
     return ParsedLine(index=number, custom_id=custom_id, model=request.model, body=request.body)
 
 
-def read_lines(path: Any) -> Iterator[bytes]:
-    with open(path, "rb") as handle:
-        yield from handle
-
-
 # --- line formats (pure) ----------------------------------------------------------------
 
 
@@ -397,26 +392,31 @@ def _model_check(tenant: Tenant, endpoint_path: str) -> ModelCheck:
 def _validate_batch(batch: Batch, now: datetime) -> None:
     try:
         stored = file_get(tenant=batch.tenant, file_id=batch.input_file_id)
-        path = file_path(stored)
-        size = path.stat().st_size
+        handle = file_open(stored)
     except (NotFound, OSError):
         _fail(batch, [LineError(None, "file_not_found", "The input file no longer exists.")], now)
         return
-    limit = settings.GPUSHARE_BATCH_MAX_FILE_BYTES
-    if size > limit:
-        _fail(
-            batch,
-            [LineError(None, "file_too_large", f"The input file is larger than {limit} bytes.")],
-            now,
+    with handle:
+        limit = settings.GPUSHARE_BATCH_MAX_FILE_BYTES
+        if handle.size > limit:
+            _fail(
+                batch,
+                [
+                    LineError(
+                        None, "file_too_large", f"The input file is larger than {limit} bytes."
+                    )
+                ],
+                now,
+            )
+            return
+        # Read from the storage a chunk at a time, as validation goes.
+        validation = validate_input(
+            file_lines(handle),
+            endpoint_path=batch.endpoint,
+            max_lines=settings.GPUSHARE_BATCH_MAX_LINES,
+            model_check=_model_check(batch.tenant, batch.endpoint),
+            enabled=batch.tenant.enabled_fields,
         )
-        return
-    validation = validate_input(
-        read_lines(path),
-        endpoint_path=batch.endpoint,
-        max_lines=settings.GPUSHARE_BATCH_MAX_LINES,
-        model_check=_model_check(batch.tenant, batch.endpoint),
-        enabled=batch.tenant.enabled_fields,
-    )
     if not validation.ok:
         _fail(batch, validation.errors, now)
         return

@@ -1,27 +1,33 @@
 """Files of the OpenAI Files API: a tenant's batch inputs and its batches' outputs.
 
-The bytes are on disk under GPUSHARE_BATCH_FILES_DIR (one folder per tenant), the index in
-the database (`StoredFile`). Every read goes through the tenant: another tenant's file id
-is answered exactly like an unknown one (404), so ids reveal nothing.
+The bytes are in the files storage (`scheduler.storage`: this machine's disk, or a bucket
+shared by web and workers), under a key that starts with the tenant's id; the index is in
+the database (`StoredFile`). Every read goes through the tenant: another tenant's file id is
+answered exactly like an unknown one (404), so ids reveal nothing.
 """
 
 from __future__ import annotations
 
-import os
+import io
+import logging
 import secrets
-import tempfile
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.core.files import File
 from django.db import transaction
 from django.db.models import QuerySet, Sum
+from django.http import FileResponse
 
 from config.errors import DomainError, NotFound
 from scheduler.models import FilePurpose, StoredFile
+from scheduler.storage import ChunksReader, files_storage, iter_lines
 from tenants.models import Tenant
+
+log = logging.getLogger(__name__)
 
 COPY_CHUNK_BYTES = 1024 * 1024
 
@@ -43,32 +49,69 @@ def new_file_id() -> str:
     return f"file-{secrets.token_hex(12)}"
 
 
-def files_root() -> Path:
-    return Path(settings.GPUSHARE_BATCH_FILES_DIR)
+def file_open(stored: StoredFile) -> File:
+    """The file's bytes, to read (and close); OSError (FileNotFoundError) when they are gone."""
+    return files_storage().open(stored.relative_path, "rb")
 
 
-def file_path(stored: StoredFile) -> Path:
-    return files_root() / stored.relative_path
+class FileStreamResponse(FileResponse):
+    """A file's bytes as the response. Served over ASGI, Django would read a synchronous file
+    whole into a list before sending its first byte; this reads it a block at a time, each
+    in a thread, so a download holds one block in memory and never blocks the event loop."""
+
+    block_size = 256 * 1024
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.file_to_stream is None:
+            return
+        read = sync_to_async(self.file_to_stream.read, thread_sensitive=False)
+        while chunk := await read(self.block_size):
+            yield chunk
 
 
-def _write_atomically(target: Path, chunks: Iterable[bytes], limit: int) -> int:
-    """Writes `chunks` to `target` through a temporary file in the same folder, so a reader
-    never sees half a file; raises FileTooLarge past `limit` bytes (nothing is left)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    size = 0
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".upload-")
+def file_response(stored: StoredFile, content_type: str) -> FileStreamResponse:
+    """The file's bytes as a download; OSError when they are gone."""
+    response = FileStreamResponse(
+        file_open(stored), as_attachment=True, filename=stored.filename, content_type=content_type
+    )
+    # A bucket's stream does not say its length itself.
+    response.headers["Content-Length"] = str(stored.size_bytes)
+    return response
+
+
+def file_lines(handle: File) -> Iterator[bytes]:
+    """The lines of an opened file, each with its b"\\n", read a chunk at a time."""
+    return iter_lines(handle, COPY_CHUNK_BYTES)
+
+
+def _save(name: str, chunks: Iterable[bytes], limit: int) -> int:
+    """Writes `chunks` to the storage under `name`, streaming; raises FileTooLarge past
+    `limit` bytes, and then nothing is left. A reader finds the bytes only through the row
+    created after this returns, so it never sees half a file."""
+
+    def too_large() -> FileTooLarge:
+        return FileTooLarge(f"The file is larger than the limit of {limit} bytes.")
+
+    reader = ChunksReader(chunks, limit, too_large)
+    storage = files_storage()
     try:
-        with os.fdopen(handle, "wb") as out:
-            for chunk in chunks:
-                size += len(chunk)
-                if size > limit:
-                    raise FileTooLarge(f"The file is larger than the limit of {limit} bytes.")
-                out.write(chunk)
-        os.replace(temporary, target)
+        saved = storage.save(name, File(io.BufferedReader(reader, COPY_CHUNK_BYTES), name))
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        _discard(name)
         raise
-    return size
+    if saved != name:  # the names are random: a storage never needs to pick another
+        _discard(saved)
+        raise RuntimeError(f"The files storage saved {name} as {saved}.")
+    return reader.size
+
+
+def _discard(name: str) -> None:
+    """Deletes what a failed write may have left; a failure here leaves an orphan (no row
+    points at it) and must not hide the write's own error."""
+    try:
+        files_storage().delete(name)
+    except Exception:
+        log.exception("could not delete %s from the files storage", name)
 
 
 def file_upload(
@@ -114,10 +157,10 @@ def file_create(
             code="invalid_purpose",
         )
     public_id = new_file_id()
+    # The tenant's prefix keeps its objects apart; the id's 96 random bits make the key
+    # unguessable.
     relative = f"{tenant.pk}/{public_id}.jsonl"
-    size = _write_atomically(
-        files_root() / relative, chunks, limit or settings.GPUSHARE_BATCH_MAX_FILE_BYTES
-    )
+    size = _save(relative, chunks, limit or settings.GPUSHARE_BATCH_MAX_FILE_BYTES)
     try:
         return StoredFile.objects.create(
             public_id=public_id,
@@ -128,17 +171,17 @@ def file_create(
             relative_path=relative,
         )
     except BaseException:
-        (files_root() / relative).unlink(missing_ok=True)
+        _discard(relative)
         raise
 
 
 def file_delete(*, stored: StoredFile) -> None:
-    path = file_path(stored)
+    name = stored.relative_path
     with transaction.atomic():
         stored.delete()
-        # The row goes first: if the unlink fails the bytes are an orphan, never a row
+        # The row goes first: if deleting the bytes fails they are an orphan, never a row
         # pointing at nothing.
-        transaction.on_commit(lambda: path.unlink(missing_ok=True))
+        transaction.on_commit(lambda: files_storage().delete(name))
 
 
 # --- selectors --------------------------------------------------------------------------

@@ -185,7 +185,8 @@ class FilePurpose(models.TextChoices):
 
 class StoredFile(models.Model):
     """A file a tenant uploaded (a batch's JSONL input) or a batch wrote (its output and
-    errors). The bytes live on disk under GPUSHARE_BATCH_FILES_DIR; this row is the index."""
+    errors). The bytes live in the files storage (`scheduler.storage`) under `relative_path`;
+    this row is the index."""
 
     public_id = models.CharField(max_length=64, unique=True)
     tenant = models.ForeignKey(

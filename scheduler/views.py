@@ -25,7 +25,7 @@ from scheduler import batches
 from scheduler.engines.process import log_tail
 from scheduler.engines.supervisor import engine_log_path
 from scheduler.fairqueue.domain import QueueRow, Snapshot
-from scheduler.files import file_get, file_path
+from scheduler.files import file_get, file_response
 from scheduler.forms import PlannerForm
 from scheduler.kvcost import DEFAULT_BLOCK_SIZE
 from scheduler.models import (
@@ -621,12 +621,9 @@ def batch_file(request: HttpRequest, batch_id: str, file_id: str) -> FileRespons
     except NotFound as exc:
         raise Http404(str(exc)) from None
     try:
-        handle = file_path(stored).open("rb")
+        return file_response(stored, "application/jsonl")
     except OSError:
         raise Http404(f"The bytes of {file_id} are gone.") from None
-    return FileResponse(
-        handle, as_attachment=True, filename=stored.filename, content_type="application/jsonl"
-    )
 
 
 @staff_member_required

@@ -29,8 +29,8 @@ WEB = ["python", "-m", "config.serve", "config.asgi:application"]
 WORKER = ["celery", "-A", "config", "worker"]
 BEAT = ["celery", "-A", "config", "beat"]
 MIGRATE = ["python", "manage.py", "migrate"]
-# Read by Django itself, not through config.env.
-OTHER_KNOWN_ENV = {"DJANGO_SETTINGS_MODULE"}
+# Read by Django itself, or by boto3 for the files bucket, not through config.env.
+OTHER_KNOWN_ENV = {"DJANGO_SETTINGS_MODULE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
 
 
 def settings_env_names() -> set[str]:

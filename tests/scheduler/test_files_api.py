@@ -1,7 +1,10 @@
 """The Files API: upload, list, read, delete; a tenant sees only its own files."""
 
+import warnings
+
 import pytest
 
+from tests.asgi import asgi_request
 from tests.conftest import bearer_client
 
 pytestmark = pytest.mark.django_db
@@ -126,3 +129,26 @@ def test_a_tenants_files_may_take_only_so_many_bytes_in_all(files_dir, owner_key
     assert upload(client).status_code == 200
     assert len(client.get("/v1/files").json()["data"]) == 3
     assert not list(files_dir.rglob(".upload-*"))  # nothing left of the refused ones
+
+
+def assert_streamed_over_asgi(issued, file_id: str, content: bytes) -> None:
+    """The content as the web serves it (uvicorn's ASGI): whole, with its length, and read a
+    block at a time (Django reads a synchronous file whole before sending it, and warns)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        response = asgi_request(
+            "GET",
+            f"/v1/files/{file_id}/content",
+            headers={"Authorization": f"Bearer {issued.raw_key}"},
+        )
+    assert response.status_code == 200
+    assert response.content == content
+    assert response.headers["content-length"] == str(len(content))
+    assert not [w for w in caught if "synchronous iterators" in str(w.message)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_content_over_asgi_is_streamed_a_block_at_a_time(files_dir, owner_key):
+    content = JSONL * 20_000  # several blocks
+    file_id = upload(bearer_client(owner_key), content).json()["id"]
+    assert_streamed_over_asgi(owner_key, file_id, content)
