@@ -1,6 +1,8 @@
-"""Two "nodes" on one machine: one PostgreSQL, one Redis, one web and one beat, and per node
-a Celery worker (its own GPUSHARE_NODE_NAME) and a real vLLM CPU engine of the same pool on
-its own port, started by the scaler through that node's queue.
+"""Two "nodes" on one machine: one PostgreSQL, one Redis, one S3 bucket (moto's server), one
+web and one beat, and per node a Celery worker (its own GPUSHARE_NODE_NAME) and a real vLLM
+CPU engine of the same pool on its own port, started by the scaler through that node's queue.
+The web and each worker have a files folder of their own, as on machines that share no disk:
+a batch runs only through the bucket.
 
 The pool has one hot engine (node A) and one cold (node B): the scaler starts the hot one,
 starts the cold one when the online queue stays over target, and drains it once the pool is
@@ -22,9 +24,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import openai
 import pytest
 import redis
+from moto.server import ThreadedMotoServer
 
 from scheduler.fairqueue import FairQueue
 from scheduler.pools import engine_queue
@@ -45,7 +49,31 @@ LONG_ANSWER = 3600
 
 
 def node_env(platform: Platform, node: str) -> dict[str, str]:
-    return {**platform.env, "GPUSHARE_NODE_NAME": node}
+    return {**platform.env, "GPUSHARE_NODE_NAME": node, **own_disk(platform, node)}
+
+
+def own_disk(platform: Platform, process: str) -> dict[str, str]:
+    """A files folder no other process of the cluster uses (and none should ever write)."""
+    return {"GPUSHARE_BATCH_FILES_DIR": str(platform.workdir / f"{process}-disk")}
+
+
+@pytest.fixture(scope="module")
+def s3_bucket() -> Iterator[dict[str, str]]:
+    """A bucket on a real S3 server (moto's, over HTTP): the settings that use it."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint, name = f"http://{host}:{port}", "gpushare-multinode"
+    credentials = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1",
+        aws_access_key_id="testing", aws_secret_access_key="testing",
+    ).create_bucket(Bucket=name)  # fmt: skip
+    yield {
+        "GPUSHARE_FILES_S3_BUCKET": name, "GPUSHARE_FILES_S3_ENDPOINT_URL": endpoint,
+        "GPUSHARE_FILES_S3_REGION": "us-east-1", **credentials,
+    }  # fmt: skip
+    server.stop()
 
 
 def manage_on(platform: Platform, node: str, *args: str, timeout: float = 600) -> str:
@@ -101,7 +129,9 @@ def diagnosis(platform: Platform) -> str:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, s3_bucket: dict[str, str]
+) -> Iterator[Platform]:
     model_dir = Path(os.environ.get("GPUSHARE_DEMO_MODEL_DIR", "var/models/tiny-llama"))
     if not (model_dir / "config.json").exists():
         pytest.fail(f"The tiny model is missing at {model_dir}: run `make test` first.")
@@ -119,6 +149,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
             "GPUSHARE_SCHED_LEASE_S": "60",
             "GPUSHARE_ENGINE_DRAIN_TIMEOUT_S": "90",
             "GPUSHARE_ENGINE_START_TIMEOUT_S": "600",
+            **s3_bucket,
+            **own_disk(platform, "operator"),  # manage.py and beat
         }
     )
     try:
@@ -133,7 +165,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
         # Each in-flight request holds one of the web's pooled database connections until it
         # ends (seen here: 32 long requests at once got 500 "couldn't get a connection" with
         # the default 20), so the web gets room for every request these tests have at once.
-        web_env = {**platform.env, "DATABASE_POOL_MAX": "56"}
+        web_env = {**platform.env, "DATABASE_POOL_MAX": "56", **own_disk(platform, "web")}
         log = open(workdir / "web.log", "wb")  # noqa: SIM115 - lives with the process
         platform.processes["web"] = subprocess.Popen(
             [*uvicorn, *address], cwd=REPO, env=web_env, stdout=log,
@@ -333,6 +365,46 @@ def test_both_engines_serve_and_a_late_tenant_gets_an_equal_share_across_them(cl
     served = [row["engine"] for row in rows]
     by_engine = {engine: served.count(engine) for engine in ENGINES.values()}
     assert min(by_engine.values()) >= SEQS_PER_ENGINE, by_engine  # each did real work
+
+
+def test_a_batch_runs_when_the_web_and_the_workers_share_only_the_bucket(cluster, s3_bucket):
+    _, key = make_tenant(cluster, quota_units="8")
+    client = client_for(cluster, key)
+    lines = [
+        {"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": MODEL, "max_tokens": 4, "ignore_eos": True,
+                  "messages": [{"role": "user", "content": f"line {i}"}]}}
+        for i in range(3)
+    ]  # fmt: skip
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = client.files.create(file=("in.jsonl", content), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+    def finished() -> Any:
+        seen = client.batches.retrieve(batch.id)
+        return seen if seen.status in ("completed", "failed", "expired", "cancelled") else None
+
+    done = wait_until(finished, timeout=600, what="the batch", platform=cluster)
+    assert done.status == "completed", done
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (3, 0)
+    assert done.output_file_id is not None
+    output = [
+        json.loads(line) for line in client.files.content(done.output_file_id).text.splitlines()
+    ]
+    assert sorted(o["custom_id"] for o in output) == ["r0", "r1", "r2"]
+    assert all(o["response"]["status_code"] == 200 for o in output)
+    # The web wrote the upload and a worker the output, each through the bucket: no
+    # process's own folder holds a file.
+    on_disk = [path for path in cluster.workdir.glob("*-disk/**/*") if path.is_file()]
+    assert on_disk == []
+    objects = boto3.client(
+        "s3", endpoint_url=s3_bucket["GPUSHARE_FILES_S3_ENDPOINT_URL"], region_name="us-east-1",
+        aws_access_key_id="testing", aws_secret_access_key="testing",
+    ).list_objects_v2(Bucket=s3_bucket["GPUSHARE_FILES_S3_BUCKET"])  # fmt: skip
+    assert len(objects.get("Contents", [])) >= 2  # the input and the output
 
 
 def test_the_scaler_started_each_engine_on_its_own_node_and_logged_why(cluster):
