@@ -20,6 +20,8 @@ from tests.reliability.helpers import make_tenant, wait_until
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+EMBEDDINGS = "/v1/embeddings"
+RESPONSES = "/v1/responses"
 HELLO = [{"role": "user", "content": "hi"}]
 
 
@@ -159,6 +161,9 @@ HOSTILE: dict[str, tuple[str, bytes]] = {
     "prompt negative ids": (COMPLETIONS, js({"model": MODEL, "prompt": [-1, 2], "max_tokens": 4})),
     "prompt empty list": (COMPLETIONS, js({"model": MODEL, "prompt": [], "max_tokens": 4})),
     "prompt list of lists": (COMPLETIONS, js({"model": MODEL, "prompt": [[1, 2], [3]], "max_tokens": 4})),
+    "prompt list of 100k": (COMPLETIONS, js({"model": MODEL, "prompt": ["x"] * 100_000, "max_tokens": 4})),
+    "n a billion": (COMPLETIONS, js({"model": MODEL, "prompt": "x", "n": 10**9, "max_tokens": 4})),
+    "prompt list mixed": (COMPLETIONS, js({"model": MODEL, "prompt": ["x", [1]], "max_tokens": 4})),
     "prompt object": (COMPLETIONS, js({"model": MODEL, "prompt": {"a": 1}, "max_tokens": 4})),
     "prompt missing": (COMPLETIONS, js({"model": MODEL, "max_tokens": 4})),
     "prompt 2 MB": (COMPLETIONS, js({"model": MODEL, "prompt": "word " * 400_000, "max_tokens": 4})),
@@ -175,6 +180,14 @@ HOSTILE: dict[str, tuple[str, bytes]] = {
     "guided_regex": (CHAT, chat(guided_regex="(a+)+$")),
     "logits_processors": (CHAT, chat(logits_processors=["os.system"])),
     "huge json_schema": (CHAT, chat(response_format={"type": "json_schema", "json_schema": {"schema": {"description": "x" * 100_000}}})),
+    # The other inference endpoints: the stack's model generates, so embeddings are refused.
+    "embeddings of a generating model": (EMBEDDINGS, js({"model": MODEL, "input": "hi"})),
+    "embeddings input object": (EMBEDDINGS, js({"model": MODEL, "input": {"a": 1}})),
+    "embeddings with sampling": (EMBEDDINGS, js({"model": MODEL, "input": "x", "temperature": 1})),
+    "responses continuing a kept one": (RESPONSES, js({"model": MODEL, "input": "x", "previous_response_id": "resp_1"})),
+    "responses image input": (RESPONSES, js({"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "file:///etc/passwd"}]}]})),
+    "responses server tool": (RESPONSES, js({"model": MODEL, "input": "x", "tools": [{"type": "web_search"}]})),
+    "responses input number": (RESPONSES, js({"model": MODEL, "input": 5})),
 }  # fmt: skip
 
 
@@ -196,7 +209,7 @@ def test_a_hostile_inference_request_gets_an_openai_error_never_a_500(
     assert_openai_shaped(response)
     assert response.status_code != 200 or case in {
         "duplicate keys valid last", "huge seed", "content with NUL",
-        "content parts garbage", "10k messages", "prompt 2 MB",
+        "content parts garbage", "10k messages", "prompt 2 MB", "prompt list of lists",
     }, (case, response.text[:500])  # fmt: skip
     stack.platform.assert_alive()
 
