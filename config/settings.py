@@ -379,8 +379,8 @@ GPUSHARE_BATCH_LOST_GRACE_S = env_float("GPUSHARE_BATCH_LOST_GRACE_S", 10.0)
 CELERY_IMPORTS.append("workers.batch_tasks")
 
 # --- Telemetry and reports (issue 7) ------------------------------------------------------
-# How often the sampler reads GPUs and engines (seconds), and the time constant of the GPU
-# utilisation's moving average (a busy spike of one sample does not close the offline gate).
+# How often the sampler reads GPUs and engines (seconds), and the time constant of the moving
+# average of NVML's utilization.gpu (exported; the offline gate does not read it).
 GPUSHARE_TELEMETRY_INTERVAL_S = env_float("GPUSHARE_TELEMETRY_INTERVAL_S", 5.0)
 GPUSHARE_TELEMETRY_SMOOTHING_S = env_float("GPUSHARE_TELEMETRY_SMOOTHING_S", 30.0)
 # History: raw samples for this many days, then per-minute means until the second limit,
