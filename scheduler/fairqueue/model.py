@@ -33,6 +33,21 @@ def class_order(clock: Mapping[str, float], open_classes: Iterable[str]) -> list
     return sorted(open_classes, key=lambda name: (clock.get(name, 0.0), rank[name]))
 
 
+def offline_gate(engine: EnginePolicy, *, inflight: int, offline: int, load_closed: bool) -> str:
+    """'' while offline work may be picked for the engine, else what holds its gate shut:
+    'online_seats', 'load' or 'seats' (`lua/lib.lua` offline_gate; docs/ARCHITECTURE.md)."""
+    threshold = engine.offline_load_threshold
+    if inflight - offline >= threshold * engine.max_num_seqs:
+        return "online_seats"
+    if engine.load >= threshold:
+        return "load"
+    if load_closed and engine.load >= threshold - engine.offline_gate_margin:
+        return "load"
+    if inflight >= engine.max_num_seqs - engine.offline_reserve:
+        return "seats"
+    return ""
+
+
 def jain_index(values: Iterable[float]) -> float:
     """Jain's fairness index: 1.0 when all values are equal, 1/n when one has everything."""
     xs = list(values)
@@ -165,17 +180,12 @@ class FairModel:
     def offline_gate(self, engine_id: str) -> str:
         """'' while offline work may be picked for the engine, else what holds the gate
         shut: 'online_seats', 'load' or 'seats' (`lua/lib.lua` offline_gate)."""
-        engine = self.engines[engine_id]
-        inflight, threshold = self.engine_inflight[engine_id], engine.offline_load_threshold
-        if inflight - self.engine_offline[engine_id] >= threshold * engine.max_num_seqs:
-            return "online_seats"
-        if engine.load >= threshold:
-            return "load"
-        if self.load_closed[engine_id] and engine.load >= threshold - engine.offline_gate_margin:
-            return "load"
-        if inflight >= engine.max_num_seqs - engine.offline_reserve:
-            return "seats"
-        return ""
+        return offline_gate(
+            self.engines[engine_id],
+            inflight=self.engine_inflight[engine_id],
+            offline=self.engine_offline[engine_id],
+            load_closed=self.load_closed[engine_id],
+        )
 
     def open_classes(self, engine_id: str) -> list[str]:
         gate_open = self.offline_gate(engine_id) == ""
