@@ -116,7 +116,24 @@ CLUSTER_METRICS: dict[str, tuple[str, str]] = {
     ),
     "gpushare_engine_load": (
         "gauge",
-        "max(GPU utilisation smoothed, KV usage, reserved/capacity), 0..1.",
+        "The samplers' load the offline gate reads: max(KV usage, reserved/capacity, GPU "
+        "tensor activity), 0..1.",
+    ),
+    "gpushare_engine_seat_occupancy_ratio": (
+        "gauge",
+        "Sequences the engine says it runs / its seats (max_num_seqs), 0..1.",
+    ),
+    "gpushare_engine_sm_activity_ratio": (
+        "gauge",
+        "SM activity of the engine's GPU (NVML GPM, Hopper and later), 0..1.",
+    ),
+    "gpushare_engine_tensor_activity_ratio": (
+        "gauge",
+        "Tensor activity of the engine's GPU (NVML GPM, Hopper and later), 0..1.",
+    ),
+    "gpushare_engine_offline_inflight": (
+        "gauge",
+        "Of the engine's seats in flight, those offline jobs hold.",
     ),
     "gpushare_engine_kv_cache_usage_ratio": (
         "gauge",
@@ -144,7 +161,16 @@ CLUSTER_METRICS: dict[str, tuple[str, str]] = {
     ),
     "gpushare_gpu_utilization_ratio": (
         "gauge",
-        "SM utilisation of the GPU (pynvml), 0..1.",
+        "NVML utilization.gpu: the share of time any kernel ran, 0..1; busy with a single "
+        "decoding sequence, so not how much of the GPU the work uses.",
+    ),
+    "gpushare_gpu_sm_activity_ratio": (
+        "gauge",
+        "NVML GPM SM activity: the share of SMs busy, 0..1 (Hopper and later).",
+    ),
+    "gpushare_gpu_tensor_activity_ratio": (
+        "gauge",
+        "NVML GPM tensor activity: the share of time SMs ran tensor instructions, 0..1.",
     ),
     "gpushare_gpu_memory_used_bytes": (
         "gauge",
@@ -257,7 +283,10 @@ class ClusterCollector(Collector):
         inflight = _gauge("gpushare_engine_inflight", ["engine"])
         for engine, count in snapshot.engine_inflight.items():
             inflight.add_metric([engine], count)
-        yield from (depth, running, oldest, reserved, engine_reserved, inflight)
+        offline = _gauge("gpushare_engine_offline_inflight", ["engine"])
+        for engine in snapshot.engine_inflight:
+            offline.add_metric([engine], snapshot.engine_offline.get(engine, 0))
+        yield from (depth, running, oldest, reserved, engine_reserved, inflight, offline)
 
     def _ledger(self) -> Iterator[Metric]:
         from workers.telemetry import (
@@ -321,6 +350,9 @@ class ClusterCollector(Collector):
         up = _gauge("gpushare_engine_up", labels)
         gauges: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
             "load": _gauge("gpushare_engine_load", labels),
+            "seat_occupancy": _gauge("gpushare_engine_seat_occupancy_ratio", labels),
+            "sm_activity": _gauge("gpushare_engine_sm_activity_ratio", labels),
+            "tensor_activity": _gauge("gpushare_engine_tensor_activity_ratio", labels),
             "kv_cache_usage": _gauge("gpushare_engine_kv_cache_usage_ratio", labels),
             "requests_running": _gauge("gpushare_engine_requests_running", labels),
             "requests_waiting": _gauge("gpushare_engine_requests_waiting", labels),
@@ -350,6 +382,8 @@ class ClusterCollector(Collector):
             "memory_total_bytes": _gauge("gpushare_gpu_memory_total_bytes", labels),
             "temperature_c": _gauge("gpushare_gpu_temperature_celsius", labels),
             "power_w": _gauge("gpushare_gpu_power_watts", labels),
+            "sm_activity": _gauge("gpushare_gpu_sm_activity_ratio", labels),
+            "tensor_activity": _gauge("gpushare_gpu_tensor_activity_ratio", labels),
         }
         for member in sorted(str(m) for m in client.smembers(gpus_key())):
             node, _, index = member.rpartition(":")

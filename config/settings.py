@@ -291,6 +291,12 @@ GPUSHARE_DISPATCH_IDLE_S = env_float("GPUSHARE_DISPATCH_IDLE_S", 60.0)
 # seat is refilled at the engine's next step instead of after a release, a pick and a call
 # (docs/decisions/0002-a-queue-inside-each-engine.md). 0 sends no more than the seats.
 GPUSHARE_ENGINE_QUEUED_PER_SEAT = env_float("GPUSHARE_ENGINE_QUEUED_PER_SEAT", 1.0)
+# The offline gate (scheduler/fairqueue/lua/lib.lua `offline_gate`): once the samplers' load
+# closed it, it reopens only below offline_load_threshold minus this margin (no flapping);
+# offline work leaves this share of an engine's seats (rounded up) free for online work
+# arriving, and takes at most the rest of what online work leaves free.
+GPUSHARE_OFFLINE_GATE_MARGIN = env_float("GPUSHARE_OFFLINE_GATE_MARGIN", 0.1)
+GPUSHARE_OFFLINE_RESERVE_PER_SEAT = env_float("GPUSHARE_OFFLINE_RESERVE_PER_SEAT", 0.25)
 # The most engine calls one worker process holds at once (a safety bound: the engines' seats
 # and KV budgets, enforced by the fair queue, are what bound them in practice). Beyond it the
 # process stops picking and the pool's other workers are summoned.
@@ -373,8 +379,8 @@ GPUSHARE_BATCH_LOST_GRACE_S = env_float("GPUSHARE_BATCH_LOST_GRACE_S", 10.0)
 CELERY_IMPORTS.append("workers.batch_tasks")
 
 # --- Telemetry and reports (issue 7) ------------------------------------------------------
-# How often the sampler reads GPUs and engines (seconds), and the time constant of the GPU
-# utilisation's moving average (a busy spike of one sample does not close the offline gate).
+# How often the sampler reads GPUs and engines (seconds), and the time constant of the moving
+# average of NVML's utilization.gpu (exported; the offline gate does not read it).
 GPUSHARE_TELEMETRY_INTERVAL_S = env_float("GPUSHARE_TELEMETRY_INTERVAL_S", 5.0)
 GPUSHARE_TELEMETRY_SMOOTHING_S = env_float("GPUSHARE_TELEMETRY_SMOOTHING_S", 30.0)
 # History: raw samples for this many days, then per-minute means until the second limit,

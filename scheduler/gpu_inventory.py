@@ -9,7 +9,8 @@ samplers use `sample_gpus` the same way.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -135,3 +136,83 @@ def sample_gpus() -> list[GpuSample]:
             return [_sample_one(index) for index in range(pynvml.nvmlDeviceGetCount())]
     except (NvmlUnavailable, pynvml.NVMLError):
         return []
+
+
+# --- GPM: how much of the GPU the work uses (Hopper and later) ------------------------------
+
+# `utilization.gpu` (nvmlDeviceGetUtilizationRates) is the share of time any kernel ran: one
+# sequence decoding reads 100 % while it uses a few percent of the chip. GPM's metrics are
+# rates over two samples: SM activity (the share of SMs busy; a batch-1 decode still keeps
+# most of them busy at a low rate) and tensor activity (the share of time the SMs ran tensor
+# instructions: low for one decoding sequence, high for a full batch or a large GEMM).
+GPM_METRICS = {
+    "sm_activity": pynvml.NVML_GPM_METRIC_SM_UTIL,
+    "tensor_activity": pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL,
+}
+
+
+@dataclass(frozen=True)
+class GpmActivity:
+    """GPM's activity of one GPU over a window, 0..1; None where the metric did not answer."""
+
+    sm_activity: float | None
+    tensor_activity: float | None
+
+
+def _gpm_supported(handle: Any) -> bool:
+    try:
+        return bool(pynvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
+    except (pynvml.NVMLError, AttributeError):  # older drivers and bindings have no GPM
+        return False
+
+
+def _gpm_metrics(first: Any, second: Any) -> GpmActivity:
+    request = pynvml.c_nvmlGpmMetricsGet_t()
+    request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    request.numMetrics = len(GPM_METRICS)
+    request.sample1, request.sample2 = first, second
+    for slot, metric in enumerate(GPM_METRICS.values()):
+        request.metrics[slot].metricId = metric
+    pynvml.nvmlGpmMetricsGet(request)
+    values: dict[str, float | None] = {}
+    for slot, name in enumerate(GPM_METRICS):
+        metric = request.metrics[slot]
+        ok = metric.nvmlReturn == pynvml.NVML_SUCCESS
+        values[name] = min(1.0, max(0.0, float(metric.value) / 100.0)) if ok else None
+    return GpmActivity(**values)
+
+
+def gpm_activity(handles: Sequence[Any], window_s: float) -> list[GpmActivity | None]:
+    """GPM activity of each GPU (by its NVML handle, inside an `nvml_session`) over one window
+    of `window_s` seconds, all GPUs at once; None for a GPU without GPM (before Hopper, or a
+    driver or binding without it). Sleeps `window_s` when any GPU has GPM: call it from a
+    thread, never from an event loop. Never raises pynvml's errors."""
+    samples: dict[int, tuple[Any, Any]] = {}
+    for index, handle in enumerate(handles):
+        if not _gpm_supported(handle):
+            continue
+        pair: list[Any] = []
+        try:
+            pair = [pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()]
+            pynvml.nvmlGpmSampleGet(handle, pair[0])
+            samples[index] = (pair[0], pair[1])
+        except pynvml.NVMLError:
+            _gpm_free(pair)
+    activity: list[GpmActivity | None] = [None] * len(handles)
+    if samples:
+        time.sleep(window_s)
+    for index, (first, second) in samples.items():
+        try:
+            pynvml.nvmlGpmSampleGet(handles[index], second)
+            activity[index] = _gpm_metrics(first, second)
+        except pynvml.NVMLError:
+            pass
+        finally:
+            _gpm_free([first, second])
+    return activity
+
+
+def _gpm_free(samples: Sequence[Any]) -> None:
+    for sample in samples:
+        with suppress(pynvml.NVMLError):
+            pynvml.nvmlGpmSampleFree(sample)

@@ -100,8 +100,16 @@ def sync_engine(engine: Engine, queue: FairQueue | None = None) -> None:
             offline_load_threshold=engine.offline_load_threshold,
             load=float(load) if load is not None else 0.0,  # the samplers own the load
             queued=engine_queue(engine.max_num_seqs),
+            offline_gate_margin=float(settings.GPUSHARE_OFFLINE_GATE_MARGIN),
+            offline_reserve=offline_reserve(engine.max_num_seqs),
         )
     )
+
+
+def offline_reserve(max_num_seqs: int) -> int:
+    """The seats offline work leaves free for online work arriving (see EnginePolicy)."""
+    share = min(1.0, max(0.0, float(settings.GPUSHARE_OFFLINE_RESERVE_PER_SEAT)))
+    return math.ceil(max_num_seqs * share)
 
 
 def engine_queue(max_num_seqs: int) -> int:

@@ -8,11 +8,14 @@ another tenant.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from django.db.models import Q, QuerySet, Sum
 
 from config.errors import NotFound
+from scheduler.fairqueue.domain import EnginePolicy
+from scheduler.fairqueue.model import offline_gate
 from scheduler.fairqueue.queue import FairQueue
 from scheduler.kvcost import kv_bytes_per_token
 from scheduler.models import (
@@ -165,23 +168,77 @@ def scaling_decisions(*, pool: Pool | None = None, limit: int = 50) -> list[Scal
 
 @dataclass(frozen=True)
 class EngineGate:
-    """The offline gate of one engine as the fair queue sees it now: offline work is picked
-    for it only while `load` < `threshold`. `load` is None when the engine has no policy in
-    the queue (it is not ready, or housekeeping has not synced it yet)."""
+    """The offline gate of one engine as the fair queue sees it now (docs/ARCHITECTURE.md,
+    The offline gate): `shut_by` is '' while offline work may be picked for it, else
+    'online_seats', 'load' or 'seats'. `load` is None when the engine has no policy in the
+    queue (it is not ready, or housekeeping has not synced it yet)."""
 
     load: float | None
     threshold: float
+    load_signal: str = ""
+    shut_by: str = ""
+    seats: int = 0
+    inflight: int = 0
+    offline: int = 0
+    reserve: int = 0
 
     @property
     def is_open(self) -> bool | None:
-        return None if self.load is None else self.load < self.threshold
+        return None if self.load is None else self.shut_by == ""
+
+    @property
+    def why(self) -> str:
+        """What an operator reads: the signal that decides, its value and the threshold."""
+        if self.load is None:
+            return ""
+        online, bar = self.inflight - self.offline, self.threshold
+        if self.shut_by == "online_seats":
+            return f"online work holds {online} of {self.seats} seats (offline stops at {bar:.0%})"
+        signal = (self.load_signal or "load").replace("_", " ")
+        if self.shut_by == "load":
+            return f"{signal} {self.load:.0%}, at or over {bar:.0%} (or not yet back below)"
+        if self.shut_by == "seats":
+            return f"every seat taken but the {self.reserve} kept for online work"
+        free = self.seats - self.reserve - self.inflight
+        return f"{signal} {self.load:.0%} under {bar:.0%}; {free} seats free for offline work"
+
+
+def _text(value: Any) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def engine_gate(*, queue: FairQueue, engine: Engine) -> EngineGate:
-    """Console read: the load the samplers last wrote to the fair queue for this engine."""
-    policy = queue.redis.hmget(queue.keys.engine(engine.name), ["load", "offline_load_threshold"])
-    load, threshold = policy
-    return EngineGate(
-        load=float(load) if load is not None else None,
+    """Console read: the fair queue's engine policy (the samplers' load) and its seats now."""
+    names = ["load", "offline_load_threshold", "load_signal", "load_closed", "max_num_seqs"]
+    names += ["offline_gate_margin", "offline_reserve"]
+    values = queue.redis.hmget(queue.keys.engine(engine.name), names)
+    policy = {name: _text(value) for name, value in zip(names, values, strict=True)}
+    use = queue.redis.hmget(queue.keys.engine_usage(engine.name), ["inflight", "offline"])
+    threshold = policy["offline_load_threshold"]
+    gate = EngineGate(
+        load=float(policy["load"]) if policy["load"] is not None else None,
         threshold=float(threshold) if threshold is not None else engine.offline_load_threshold,
+        load_signal=str(policy["load_signal"] or ""),
+        seats=int(policy["max_num_seqs"] or 0),
+        inflight=int(_text(use[0]) or 0),
+        offline=int(_text(use[1]) or 0),
+        reserve=int(policy["offline_reserve"] or 0),
     )
+    if gate.load is None:
+        return gate
+    shut_by = offline_gate(
+        EnginePolicy(
+            engine_id=engine.name,
+            pool="",
+            kv_budget_bytes=0,
+            max_num_seqs=gate.seats,
+            offline_load_threshold=gate.threshold,
+            load=gate.load,
+            offline_gate_margin=float(policy["offline_gate_margin"] or 0.0),
+            offline_reserve=gate.reserve,
+        ),
+        inflight=gate.inflight,
+        offline=gate.offline,
+        load_closed=policy["load_closed"] == "1",
+    )
+    return replace(gate, shut_by=shut_by)

@@ -19,12 +19,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from config.metrics import CLUSTER_METRICS, PROCESS_METRICS
 from config.redis import redis_client
 from scheduler.fairqueue.domain import TenantPolicy
+from scheduler.gpu_inventory import GpmActivity
 from scheduler.pools import fair_queue
 from scheduler.units import UNIT_BYTES
 from tenants.models import Tenant, UsageRecord
 from tenants.services import IssuedKey
 from tests.asgi import asgi_request
 from tests.workers.test_telemetry import FakeNvml, StubEngine, make_engine, register, reserve
+from workers import telemetry
 from workers.telemetry import rejection_note, telemetry_sample
 
 pytestmark = pytest.mark.django_db
@@ -69,6 +71,10 @@ def busy(
     """A platform with traffic: a GPU, a ready engine with a reservation and a waiting job,
     finished requests in the ledger, a 429, and two sampler ticks."""
     FakeNvml([55]).install(monkeypatch)
+    activity = GpmActivity(sm_activity=0.5, tensor_activity=0.125)  # a GPU with GPM
+    monkeypatch.setattr(
+        telemetry, "gpm_activity", lambda handles, window_s: [activity] * len(handles)
+    )
     engine = make_engine(stub_engine.port, kind="gpu")
     register(engine, kv_budget_units=4)
     reserve(engine, 1)  # acme holds 1 unit on the engine
@@ -222,7 +228,12 @@ def test_engine_and_gpu_values_come_from_the_sampler(busy: Tenant):
     engine = {"engine": "eng-a", "model": "m"}
     assert value(samples, "gpushare_engine_up", **engine) == 1
     assert value(samples, "gpushare_engine_kv_cache_usage_ratio", **engine) == 0.25
-    assert value(samples, "gpushare_engine_load", **engine) == pytest.approx(0.55)  # the GPU
+    # The GPU's utilization.gpu (0.55) is exported, not in the load: the reserved fraction is.
+    assert value(samples, "gpushare_engine_load", **engine) == pytest.approx(0.25)
+    assert value(samples, "gpushare_engine_seat_occupancy_ratio", **engine) == 2 / 32
+    assert value(samples, "gpushare_engine_tensor_activity_ratio", **engine) == 0.125
+    assert value(samples, "gpushare_gpu_sm_activity_ratio", gpu="0") == 0.5
+    assert value(samples, "gpushare_engine_offline_inflight", engine="eng-a") == 0
     assert value(samples, "gpushare_engine_requests_running", **engine) == 2
     assert value(samples, "gpushare_gpu_utilization_ratio", gpu="0") == pytest.approx(0.55)
     assert value(samples, "gpushare_gpu_memory_total_bytes", gpu="0") == 80e9

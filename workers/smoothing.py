@@ -22,19 +22,39 @@ def ewma(previous: float | None, value: float, elapsed_s: float, tau_s: float) -
     return previous + alpha * (value - previous)
 
 
+@dataclass(frozen=True)
+class Load:
+    """An engine's load, 0..1, and the signal it came from ('' when there was none)."""
+
+    value: float
+    signal: str
+
+
 def engine_load(
     *,
-    gpu_utilization: float | None,
     kv_cache_usage: float | None,
     reserved_fraction: float | None,
-) -> float:
-    """DESIGN.md, Load: the largest of the smoothed GPU utilisation, the engine's own
-    KV-cache usage and the platform's reserved/capacity, all 0..1. A missing signal (no GPU,
-    an engine that did not answer) is left out, not counted as idle or busy."""
-    known = [v for v in (gpu_utilization, kv_cache_usage, reserved_fraction) if v is not None]
+    tensor_activity: float | None,
+) -> Load:
+    """The load the offline gate reads: the largest of the engine's own KV-cache usage, the
+    platform's reserved/capacity and its GPU's tensor activity (NVML GPM), all 0..1, each
+    a measure of room the engine has left. A missing signal (a CPU engine, a GPU without
+    GPM, an engine that did not answer) is left out, not counted as idle or busy.
+
+    NVML's `utilization.gpu` is not a signal: it is the share of time any kernel ran, 100 %
+    with one sequence decoding, so it would hold the gate shut on a nearly idle GPU (issue
+    31); it is exported, never gated on. Seats are counted live by the fair queue at each
+    pick (`lua/lib.lua` offline_gate), not here a sampling interval late."""
+    signals = {
+        "kv_cache_usage": kv_cache_usage,
+        "reserved_fraction": reserved_fraction,
+        "tensor_activity": tensor_activity,
+    }
+    known = {name: value for name, value in signals.items() if value is not None}
     if not known:
-        return 0.0
-    return min(1.0, max(0.0, max(known)))
+        return Load(0.0, "")
+    signal = max(known, key=lambda name: known[name])
+    return Load(min(1.0, max(0.0, known[signal])), signal)
 
 
 def counter_increase(previous: float | None, current: float) -> float:

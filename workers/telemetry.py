@@ -2,12 +2,15 @@
 
 Every few seconds (a turn of the workers' ticker, workers/periodic.py, once in the platform):
 
-1. each GPU of this node: SM utilisation (smoothed), memory used/total, temperature, power;
-   without an NVIDIA driver there are no GPU readings at all (never zeros);
+1. each GPU of this node: `utilization.gpu` (smoothed; exported only: busy whenever any
+   kernel runs), GPM SM and tensor activity over a short window (Hopper and later), memory
+   used/total, temperature, power; without an NVIDIA driver there are no GPU readings at
+   all (never zeros);
 2. the crash/health check of this node's live engines (`engines_check_all`);
 3. each ready engine's /metrics: KV-cache usage, running and waiting requests, preemptions,
-   TTFT; with its GPU's smoothed utilisation and the fair queue's reserved/capacity this is
-   the engine's load (DESIGN.md, Load), written to the fair queue for the offline gate;
+   TTFT; with its GPU's tensor activity and the fair queue's reserved/capacity this is the
+   engine's load (`workers.smoothing.engine_load`), written to the fair queue for the
+   offline gate (which counts the engine's seats itself, live, at each pick);
 4. rejections the web views noted (`rejection_note`) resolved to tenants, counted, and
    written to the ledger;
 5. new rows of the usage ledger folded into Redis counters (and histogram buckets) for
@@ -44,7 +47,13 @@ from config.redis import redis_client
 from scheduler.engines.metrics import EngineMetrics
 from scheduler.engines.supervisor import engines_check_all, shared_engine_client
 from scheduler.fairqueue.queue import FairQueue
-from scheduler.gpu_inventory import NvmlUnavailable, node_name, nvml_session
+from scheduler.gpu_inventory import (
+    GpmActivity,
+    NvmlUnavailable,
+    gpm_activity,
+    node_name,
+    nvml_session,
+)
 from scheduler.models import DeviceKind, Engine, EngineStatus
 from scheduler.pools import fair_queue
 from scheduler.request_classes import REQUEST_CLASSES
@@ -120,6 +129,12 @@ class GpuReading:
     memory_total_bytes: float | None
     temperature_c: float | None
     power_w: float | None
+    sm_activity: float | None = None
+    tensor_activity: float | None = None
+
+
+# GPM's window: the sampler thread sleeps this long once per tick, for all GPUs together.
+GPM_WINDOW_S = 0.2
 
 
 def _ask(query: Callable[[], T]) -> T | None:
@@ -129,8 +144,7 @@ def _ask(query: Callable[[], T]) -> T | None:
         return None
 
 
-def _read_gpu(index: int) -> GpuReading:
-    handle = _ask(lambda: pynvml.nvmlDeviceGetHandleByIndex(index))
+def _read_gpu(index: int, handle: Any, activity: GpmActivity | None) -> GpuReading:
     if handle is None:
         return GpuReading(index, None, None, None, None, None)
     utilization = _ask(lambda: pynvml.nvmlDeviceGetUtilizationRates(handle))
@@ -144,14 +158,27 @@ def _read_gpu(index: int) -> GpuReading:
         memory_total_bytes=float(memory.total) if memory is not None else None,
         temperature_c=float(temperature) if temperature is not None else None,
         power_w=milliwatts / 1000.0 if milliwatts is not None else None,
+        sm_activity=activity.sm_activity if activity is not None else None,
+        tensor_activity=activity.tensor_activity if activity is not None else None,
     )
+
+
+def _handle(index: int) -> Any:
+    return _ask(lambda: pynvml.nvmlDeviceGetHandleByIndex(index))
 
 
 def read_gpus() -> list[GpuReading]:
     """Every GPU of this node now; empty without an NVIDIA driver. Never raises."""
     try:
         with nvml_session():
-            return [_read_gpu(index) for index in range(pynvml.nvmlDeviceGetCount())]
+            count = pynvml.nvmlDeviceGetCount()
+            handles = [_handle(index) for index in range(count)]
+            known = [handle for handle in handles if handle is not None]
+            activity = iter(gpm_activity(known, GPM_WINDOW_S))
+            return [
+                _read_gpu(index, handle, next(activity) if handle is not None else None)
+                for index, handle in enumerate(handles)
+            ]
     except (NvmlUnavailable, pynvml.NVMLError):
         return []
 
@@ -196,6 +223,8 @@ def _gpu_live(client: redis.Redis, node: str, reading: GpuReading, now: float) -
         "memory_total_bytes": reading.memory_total_bytes,
         "temperature_c": reading.temperature_c,
         "power_w": reading.power_w,
+        "sm_activity": reading.sm_activity,
+        "tensor_activity": reading.tensor_activity,
         "at": now,
     }
     pipe = client.pipeline()
@@ -226,15 +255,23 @@ class EngineReading:
     requests_waiting: float | None
     preemptions: float | None
     ttft_mean_s: float | None
+    load_signal: str = ""
+    seat_occupancy: float | None = None  # the engine's running sequences / its seats
+    sm_activity: float | None = None
+    tensor_activity: float | None = None
 
 
-def _engine_gpu_utilization(client: redis.Redis, engine: Engine) -> float | None:
-    """The smoothed utilisation (0..1) of the engine's GPU, as its node's sampler left it;
-    None on a CPU device or when the GPU has no live reading."""
+def _engine_gpu(client: redis.Redis, engine: Engine) -> dict[str, float | None]:
+    """The engine's GPU as its node's sampler left it: smoothed utilisation, SM and tensor
+    activity, 0..1; all None on a CPU device, each None when the GPU has no such reading."""
+    names = ("utilization_smoothed", "sm_activity", "tensor_activity")
     if engine.device.kind != DeviceKind.GPU:
-        return None
-    smoothed = client.hget(gpu_key(engine.device.node, engine.device.index), "utilization_smoothed")
-    return float(smoothed) / 100.0 if smoothed is not None else None
+        return dict.fromkeys(names)
+    values = client.hmget(gpu_key(engine.device.node, engine.device.index), list(names))
+    gpu = {name: _float(value) for name, value in zip(names, values, strict=True)}
+    smoothed = gpu["utilization_smoothed"]
+    gpu["utilization_smoothed"] = smoothed / 100.0 if smoothed is not None else None
+    return gpu
 
 
 def _reserved_fraction(queue: FairQueue, engine: str, reserved_bytes: int) -> float | None:
@@ -260,7 +297,8 @@ def _engine_live(
 ) -> EngineReading:
     key = engine_key(engine.name)
     previous = _hash(client, key)
-    gpu_utilization = _engine_gpu_utilization(client, engine)
+    gpu = _engine_gpu(client, engine)
+    gpu_utilization = gpu["utilization_smoothed"]
     reserved_fraction = _reserved_fraction(queue, engine.name, reserved_bytes)
     kv_usage = metrics.kv_cache_usage if metrics is not None else None
     preemptions = ttft_mean = None
@@ -283,14 +321,21 @@ def _engine_live(
             "ttft_count": metrics.ttft_seconds_count,
         }
     load = engine_load(
-        gpu_utilization=gpu_utilization,
         kv_cache_usage=kv_usage,
         reserved_fraction=reserved_fraction,
+        tensor_activity=gpu["tensor_activity"],
     )
+    running = metrics.requests_running if metrics is not None else None
     reading = EngineReading(
         engine=engine.name,
         model=engine.served_model_name,
-        load=load,
+        load=load.value,
+        load_signal=load.signal,
+        seat_occupancy=(
+            running / engine.max_num_seqs if running is not None and engine.max_num_seqs else None
+        ),
+        sm_activity=gpu["sm_activity"],
+        tensor_activity=gpu["tensor_activity"],
         gpu_utilization=gpu_utilization,
         kv_cache_usage=kv_usage,
         reserved_fraction=reserved_fraction,
@@ -300,7 +345,10 @@ def _engine_live(
         ttft_mean_s=ttft_mean,
     )
     values: dict[str, float | None] = {
-        "load": load,
+        "load": load.value,
+        "seat_occupancy": reading.seat_occupancy,
+        "sm_activity": reading.sm_activity,
+        "tensor_activity": reading.tensor_activity,
         "gpu_utilization": gpu_utilization,
         "kv_cache_usage": kv_usage,
         "reserved_fraction": reserved_fraction,
@@ -317,10 +365,11 @@ def _engine_live(
     pipe.delete(key)
     mapping = _live_mapping(values)
     mapping["model"] = engine.served_model_name
+    mapping["load_signal"] = load.signal
     pipe.hset(key, mapping=mapping)
     pipe.expire(key, _live_ttl_s())
     pipe.execute()
-    queue.set_engine_load(engine.name, load)
+    queue.set_engine_load(engine.name, load.value, load.signal)
     return reading
 
 

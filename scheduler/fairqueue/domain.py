@@ -58,10 +58,17 @@ class EnginePolicy:
     offline_load_threshold: float = 0.4
     load: float = 0.0
     queued: int = 0
+    # The offline gate (lua/lib.lua `offline_gate`): once the load closed it, it reopens
+    # below offline_load_threshold - offline_gate_margin; offline work leaves
+    # `offline_reserve` of the seats free for online work arriving.
+    offline_gate_margin: float = 0.0
+    offline_reserve: int = 0
 
     def __post_init__(self) -> None:
-        if self.kv_budget_bytes < 0 or self.max_num_seqs < 0 or self.queued < 0:
-            raise ValueError("an engine's KV budget, max_num_seqs and queue cannot be negative")
+        if min(self.kv_budget_bytes, self.max_num_seqs, self.queued, self.offline_reserve) < 0:
+            raise ValueError(
+                "an engine's KV budget, max_num_seqs, queue and offline reserve cannot be negative"
+            )
 
     @property
     def max_in_flight(self) -> int:
@@ -218,6 +225,8 @@ class Snapshot:
     tenant_reserved_bytes: dict[str, int]
     engine_reserved_bytes: dict[str, int]
     engine_inflight: dict[str, int]
+    # Of engine_inflight, the seats offline jobs hold.
+    engine_offline: dict[str, int] = field(default_factory=dict)
 
 
 def payload_summary(payload: Mapping[str, Any]) -> str:

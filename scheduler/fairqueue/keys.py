@@ -24,8 +24,11 @@ key                                    type     holds
 ``tenant:{tenant}:use``                hash     reserved (bytes held by in-flight jobs)
 ``tenants``                            set      tenants that have a policy
 ``engine:{engine_id}``                 hash     policy: pool, kv_budget_bytes, max_num_seqs,
-                                                queued, offline_load_threshold, load
-``engine:{engine_id}:use``             hash     reserved (bytes), inflight (jobs)
+                                                queued, offline_load_threshold,
+                                                offline_gate_margin, offline_reserve; the
+                                                samplers' load, load_signal, load_closed
+``engine:{engine_id}:use``             hash     reserved (bytes), inflight (seats), offline
+                                                (the seats of inflight offline jobs hold)
 ``engines``                            set      engines that have a policy
 ``pool:{pool}:engines``                set      engines serving the pool
 ``pools``                              set      pools that ever had a job or an engine

@@ -9,7 +9,7 @@ orders equal scores).
 
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduler.fairqueue.domain import EnginePolicy, JobRejected, TenantPolicy
 from scheduler.request_classes import REQUEST_CLASSES, RequestClass
@@ -31,6 +31,21 @@ def class_order(clock: Mapping[str, float], open_classes: Iterable[str]) -> list
     """Classes to try, least class virtual time first; ties go to the higher class."""
     rank = {name: i for i, name in enumerate(REQUEST_CLASSES)}
     return sorted(open_classes, key=lambda name: (clock.get(name, 0.0), rank[name]))
+
+
+def offline_gate(engine: EnginePolicy, *, inflight: int, offline: int, load_closed: bool) -> str:
+    """'' while offline work may be picked for the engine, else what holds its gate shut:
+    'online_seats', 'load' or 'seats' (`lua/lib.lua` offline_gate; docs/ARCHITECTURE.md)."""
+    threshold = engine.offline_load_threshold
+    if inflight - offline >= threshold * engine.max_num_seqs:
+        return "online_seats"
+    if engine.load >= threshold:
+        return "load"
+    if load_closed and engine.load >= threshold - engine.offline_gate_margin:
+        return "load"
+    if inflight >= engine.max_num_seqs - engine.offline_reserve:
+        return "seats"
+    return ""
 
 
 def jain_index(values: Iterable[float]) -> float:
@@ -76,6 +91,8 @@ class FairModel:
         self.tenant_reserved: dict[str, int] = dict.fromkeys(self.tenants, 0)
         self.engine_reserved: dict[str, int] = dict.fromkeys(self.engines, 0)
         self.engine_inflight: dict[str, int] = dict.fromkeys(self.engines, 0)
+        self.engine_offline: dict[str, int] = dict.fromkeys(self.engines, 0)  # of inflight
+        self.load_closed: dict[str, bool] = dict.fromkeys(self.engines, False)
 
     # --- queues and counters ----------------------------------------------------------------
 
@@ -115,6 +132,8 @@ class FairModel:
         self.tenant_reserved[job.tenant] -= job.kv_bytes
         self.engine_reserved[job.engine_id] -= job.kv_bytes
         self.engine_inflight[job.engine_id] -= job.seqs
+        if job.request_class == RequestClass.OFFLINE:
+            self.engine_offline[job.engine_id] -= job.seqs
 
     # --- decisions ----------------------------------------------------------------------------
 
@@ -147,8 +166,29 @@ class FairModel:
                 would_burst = True
         return None, would_burst
 
-    def open_classes(self, engine: EnginePolicy) -> list[str]:
-        gate_open = engine.load < engine.offline_load_threshold
+    def set_load(self, engine_id: str, load: float) -> bool:
+        """The samplers' load, with the gate's hysteresis (`lua/set_load.lua`)."""
+        engine = self.engines[engine_id]
+        threshold = engine.offline_load_threshold
+        closed = load >= threshold or (
+            self.load_closed[engine_id] and load >= threshold - engine.offline_gate_margin
+        )
+        self.engines[engine_id] = replace(engine, load=load)
+        self.load_closed[engine_id] = closed
+        return closed
+
+    def offline_gate(self, engine_id: str) -> str:
+        """'' while offline work may be picked for the engine, else what holds the gate
+        shut: 'online_seats', 'load' or 'seats' (`lua/lib.lua` offline_gate)."""
+        return offline_gate(
+            self.engines[engine_id],
+            inflight=self.engine_inflight[engine_id],
+            offline=self.engine_offline[engine_id],
+            load_closed=self.load_closed[engine_id],
+        )
+
+    def open_classes(self, engine_id: str) -> list[str]:
+        gate_open = self.offline_gate(engine_id) == ""
         return [c for c in REQUEST_CLASSES if c != RequestClass.OFFLINE or gate_open]
 
     def choose(self, engine_id: str) -> ModelJob | None:
@@ -156,7 +196,7 @@ class FairModel:
         if self.engine_inflight[engine_id] >= engine.max_in_flight:
             return None
         free_bytes = engine.kv_budget_bytes - self.engine_reserved[engine_id]
-        order = class_order(self.clock, self.open_classes(engine))
+        order = class_order(self.clock, self.open_classes(engine_id))
         burst_possible = False
         for request_class in order:
             job, would_burst = self._candidate(request_class, free_bytes, allow_burst=False)
@@ -186,6 +226,8 @@ class FairModel:
         self.tenant_reserved[job.tenant] += job.kv_bytes
         self.engine_reserved[engine_id] += job.kv_bytes
         self.engine_inflight[engine_id] += job.seqs
+        if job.request_class == RequestClass.OFFLINE:
+            self.engine_offline[engine_id] += job.seqs
         return job
 
     def engines_by_room(self) -> list[str]:

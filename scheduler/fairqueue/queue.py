@@ -10,7 +10,8 @@ tests pass `now` (seconds) to drive the clock.
 Pick rule (details in `lua/pick.lua`, pure reference in `model.py`):
 - classes: stride scheduling on a class virtual time per pool; the chosen class advances by
   1/class_weight, classes with nothing admissible are lifted to the chosen one's time so they
-  do not bank credit; offline is skipped while the engine's load >= offline_load_threshold.
+  do not bank credit; offline is skipped while its gate is shut (`lua/lib.lua` offline_gate:
+  online seats or the samplers' load at the threshold, or no seat left beyond the reserve).
 - tenants in a class: least VTC counter first among backlogged tenants whose head job is
   admissible. At pick the counter is charged the estimate (prompt + 2 x max_tokens)/weight:
   an upper bound, so a tenant cannot grab many dispatches while its earlier jobs are still
@@ -81,7 +82,7 @@ WAIT_SLICE_S = 2.0
 # One per decision; each file in lua/ runs after lib.lua as one atomic script.
 SCRIPT_NAMES: tuple[str, ...] = (
     *("enqueue", "pick", "release", "release_pick", "cancel", "requeue"),
-    *("reap", "expire", "renew", "check", "stop_waiting", "kick", "answer"),
+    *("reap", "expire", "renew", "check", "stop_waiting", "kick", "answer", "set_load"),
 )
 
 
@@ -182,6 +183,8 @@ class FairQueue:
                 "max_num_seqs": policy.max_num_seqs,
                 "queued": policy.queued,
                 "offline_load_threshold": repr(float(policy.offline_load_threshold)),
+                "offline_gate_margin": repr(float(policy.offline_gate_margin)),
+                "offline_reserve": policy.offline_reserve,
                 "load": repr(float(policy.load)),
             },
         )
@@ -190,8 +193,12 @@ class FairQueue:
         pipe.sadd(self.keys.pools(), policy.pool)
         pipe.execute()
 
-    def set_engine_load(self, engine_id: str, load: float) -> None:
-        self.redis.hset(self.keys.engine(engine_id), "load", repr(float(load)))
+    def set_engine_load(self, engine_id: str, load: float, signal: str = "") -> bool:
+        """Writes the samplers' load of an engine, and which signal it came from; moves the
+        offline gate's hysteresis (`lua/set_load.lua`). Returns whether the load holds the
+        gate shut now."""
+        check_id("engine", engine_id)
+        return bool(self._run("set_load", engine_id, repr(float(load)), signal))
 
     def remove_engine(self, engine_id: str) -> None:
         """No new picks for the engine; its in-flight jobs still release normally."""
@@ -635,6 +642,9 @@ class FairQueue:
             },
             engine_inflight={
                 e: int(use.get("inflight", 0)) for e, use in zip(engines, engine_use, strict=True)
+            },
+            engine_offline={
+                e: int(use.get("offline", 0)) for e, use in zip(engines, engine_use, strict=True)
             },
         )
 

@@ -339,7 +339,9 @@ def test_the_queues_page_shows_the_offline_gate_of_each_engine(console: Client, 
         return row.group(0)
 
     assert "open" in gate("llama-a")  # 25% < 40%
+    assert "under 40%" in gate("llama-a")
     assert "closed" in gate("llama-b")  # 60% >= 40%
+    assert "60%, at or over 40%" in gate("llama-b")  # which signal, its value, the threshold
     assert "not in the queue" in gate("qwen-c")
     assert 'data-label="llama-b"' in html  # the gate chart
 

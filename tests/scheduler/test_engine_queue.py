@@ -1,5 +1,6 @@
 """An engine's own waiting queue: how many requests beyond its seats the fair queue lets it
-hold (GPUSHARE_ENGINE_QUEUED_PER_SEAT), as synced from the database, and the class priority
+hold (GPUSHARE_ENGINE_QUEUED_PER_SEAT) and the seats offline work leaves free
+(GPUSHARE_OFFLINE_RESERVE_PER_SEAT), as synced from the database, and the class priority
 each request carries into that queue."""
 
 from __future__ import annotations
@@ -39,6 +40,18 @@ def test_an_engine_is_given_its_queue_per_seat(
     policy = redis_db.hgetall(fair_queue().keys.engine("e1"))
     assert int(policy["max_num_seqs"]) == seats
     assert int(policy["queued"]) == queued
+
+
+@pytest.mark.parametrize(("per_seat", "seats", "reserve"), [(0.25, 4, 1), (0.25, 10, 3), (0, 8, 0)])
+def test_an_engine_is_given_its_offline_reserve_and_gate_margin(
+    redis_db, settings, tmp_path: Path, per_seat: float, seats: int, reserve: int
+) -> None:
+    settings.GPUSHARE_OFFLINE_RESERVE_PER_SEAT = per_seat
+    settings.GPUSHARE_OFFLINE_GATE_MARGIN = 0.15
+    sync_engine(ready_engine(tmp_path, seats))
+    policy = redis_db.hgetall(fair_queue().keys.engine("e1"))
+    assert int(policy["offline_reserve"]) == reserve
+    assert float(policy["offline_gate_margin"]) == 0.15
 
 
 def test_the_engine_gets_the_class_priority_never_the_clients() -> None:

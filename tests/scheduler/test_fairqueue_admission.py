@@ -1,5 +1,7 @@
 """Memory admission in the pick, and rejection at enqueue of what can never run."""
 
+from dataclasses import replace
+
 import pytest
 
 from scheduler.fairqueue import EnginePolicy, FairQueue, Job, JobRejected, TenantPolicy
@@ -133,6 +135,52 @@ def test_offline_waits_while_load_is_at_the_threshold(fq: FairQueue) -> None:
     picked = fq.pick("p", "e1", now=2)
     assert picked is not None
     assert picked.job_id == job.job_id
+
+
+def test_the_load_reopens_the_gate_only_below_the_threshold_less_the_margin(
+    fq: FairQueue,
+) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, 100 * UNIT))
+    fq.set_engine_policy(replace(engine(), offline_gate_margin=0.1))
+    submit(fq, "a", 1, request_class="offline")
+    assert fq.set_engine_load("e1", 0.45, "tensor_activity")  # closed at the threshold
+    assert fq.set_engine_load("e1", 0.35, "tensor_activity")  # still closed: over 0.3
+    assert fq.pick("p", "e1", now=1) is None
+    assert not fq.set_engine_load("e1", 0.25, "kv_cache_usage")
+    assert fq.pick("p", "e1", now=2) is not None
+    policy = fq.redis.hmget(fq.keys.engine("e1"), ["load_signal", "load_closed"])
+    assert [str(v, "utf-8") if isinstance(v, bytes) else v for v in policy] == [
+        "kv_cache_usage",
+        "0",
+    ]
+
+
+def test_online_seats_shut_offline_out_at_the_next_pick(fq: FairQueue) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, 100 * UNIT))
+    fq.set_engine_policy(engine(max_num_seqs=10))
+    online = [submit(fq, "a", 0.1, request_class="interactive") for _ in range(4)]
+    assert all(fq.pick("p", "e1", now=1) is not None for _ in online)
+    offline = submit(fq, "a", 0.1, request_class="offline")
+    assert fq.pick("p", "e1", now=1) is None  # 4 of 10 seats online: 0.4
+    fq.release(online[0].job_id, 10, 10, now=2)
+    picked = fq.pick("p", "e1", now=3)  # no sampler tick in between
+    assert picked is not None
+    assert picked.job_id == offline.job_id
+
+
+def test_offline_takes_the_free_seats_but_the_reserve(fq: FairQueue) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, 100 * UNIT))
+    fq.set_engine_policy(replace(engine(max_num_seqs=8, queued=8), offline_reserve=2))
+    for _ in range(10):
+        submit(fq, "a", 0.1, request_class="offline")
+    picked = [fq.pick("p", "e1", now=1) for _ in range(10)]
+    assert sum(job is not None for job in picked) == 6
+    assert fq.snapshot().engine_offline["e1"] == 6
+    interactive = submit(fq, "a", 0.1, request_class="interactive")
+    got = fq.pick("p", "e1", now=2)  # the reserve is there for it
+    assert got is not None
+    assert got.job_id == interactive.job_id
+    assert fq.check().ok
 
 
 @pytest.mark.parametrize(

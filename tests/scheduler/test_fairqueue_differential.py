@@ -6,7 +6,7 @@ step by step, and the invariant check finds no drift after any of them."""
 import redis
 from hypothesis import HealthCheck, given, settings
 
-from scheduler.fairqueue import EnginePolicy, FairQueue, Job, JobRejected
+from scheduler.fairqueue import FairQueue, Job, JobRejected
 from scheduler.fairqueue.model import FairModel, ModelJob
 from tests.scheduler.test_fairqueue_model import (
     ENGINES,
@@ -82,12 +82,7 @@ def step(fq: FairQueue, model: FairModel, op: tuple[str, int, int, int, int], se
         job_id = running[x % len(running)]
         assert fq.requeue(job_id, now=2) == model.requeue(job_id)
     elif kind == "load":
-        engine = model.engines[engine_id]
-        model.engines[engine_id] = EnginePolicy(
-            engine_id, "p", engine.kv_budget_bytes, engine.max_num_seqs,
-            engine.offline_load_threshold, y / 8, engine.queued,
-        )  # fmt: skip
-        fq.set_engine_load(engine_id, y / 8)
+        assert fq.set_engine_load(engine_id, y / 8) == model.set_load(engine_id, y / 8)
 
 
 @settings(

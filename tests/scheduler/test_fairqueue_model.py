@@ -24,7 +24,7 @@ TENANTS = {
     "c": TenantPolicy(5, 6, 4),
 }
 ENGINES = {
-    "e1": EnginePolicy("e1", "p", 6, 3, 0.4, 0.0),
+    "e1": EnginePolicy("e1", "p", 6, 3, 0.4, 0.0, offline_gate_margin=0.25, offline_reserve=1),
     "e2": EnginePolicy("e2", "p", 9, 2, 0.4, 0.0, queued=1),
 }
 
@@ -74,7 +74,7 @@ def heads_admissible(model: FairModel, engine_id: str, within_quota_only: bool) 
     free_bytes = engine.kv_budget_bytes - model.engine_reserved[engine_id]
     found = []
     for (request_class, tenant), queue in model.queues.items():
-        if not queue or request_class not in model.open_classes(engine):
+        if not queue or request_class not in model.open_classes(engine_id):
             continue
         job = model.jobs[queue[0]]
         policy = model.tenants[tenant]
@@ -111,22 +111,24 @@ def apply(model: FairModel, op: tuple[str, int, int, int, int], serial: int) -> 
     elif kind == "requeue" and running:
         assert model.requeue(running[x % len(running)])
     elif kind == "load":
-        engine = model.engines["e1" if x % 2 == 0 else "e2"]
-        model.engines[engine.engine_id] = EnginePolicy(
-            engine.engine_id, engine.pool, engine.kv_budget_bytes, engine.max_num_seqs,
-            engine.offline_load_threshold, y / 8, engine.queued,
-        )  # fmt: skip
+        model.set_load("e1" if x % 2 == 0 else "e2", y / 8)
 
 
 def check_pick(model: FairModel, engine_id: str) -> None:
     engine = model.engines[engine_id]
     within_quota = heads_admissible(model, engine_id, within_quota_only=True)
     with_burst = heads_admissible(model, engine_id, within_quota_only=False)
+    gate = model.offline_gate(engine_id)
+    offline_seats = model.engine_offline[engine_id]
     job = model.pick(engine_id)
     if job is None:
         assert with_burst == []  # work-conserving: nothing that could run was left waiting
         return
-    assert job.request_class != "offline" or engine.load < engine.offline_load_threshold
+    if job.request_class == "offline":
+        assert gate == ""
+        assert engine.load < engine.offline_load_threshold
+        # offline never takes a seat beyond the seats left free less the reserve
+        assert offline_seats < engine.max_num_seqs - engine.offline_reserve
     policy = model.tenants[job.tenant]
     if model.tenant_reserved[job.tenant] > policy.quota_bytes:
         assert within_quota == []  # burst only while nobody waits within quota
@@ -225,3 +227,35 @@ def test_a_newly_backlogged_tenant_starts_at_the_least_backlogged_counter(
         model.release(job.job_id, job.prompt_tokens, 0)
     model.enqueue(ModelJob("b0", "b", "standard", 1, 0, 1))
     assert model.counters[("standard", "b")] == model.counters[("standard", "a")] == sum(prompts)
+
+
+def test_the_load_closes_the_gate_at_the_threshold_and_reopens_below_the_margin() -> None:
+    engines = {"e": EnginePolicy("e", "p", 10**9, 16, 0.4, 0.0, offline_gate_margin=0.1)}
+    model = FairModel(WEIGHTS, {"t": TenantPolicy(1, 10**9)}, engines)
+    readings = [0.3, 0.4, 0.35, 0.31, 0.29, 0.35, 0.39, 0.41]
+    gates = []
+    for load in readings:
+        model.set_load("e", load)
+        gates.append(model.offline_gate("e"))
+    assert gates == ["", "load", "load", "load", "", "", "", "load"]
+
+
+def test_online_seats_close_the_gate_at_once_and_offline_fills_the_seats_left() -> None:
+    # 10 seats, 2 kept for online work arriving; online at 4 seats (0.4) closes the gate.
+    engines = {"e": EnginePolicy("e", "p", 10**9, 10, 0.4, 0.0, offline_reserve=2)}
+    model = FairModel(WEIGHTS, {"t": TenantPolicy(1, 10**9)}, engines)
+    for serial in range(20):
+        model.enqueue(ModelJob(f"o{serial}", "t", "offline", 1, 1, 1))
+    offline = [model.pick("e") for _ in range(10)]
+    assert sum(job is not None for job in offline) == 8  # every seat but the reserve
+    assert model.offline_gate("e") == "seats"
+    for job in offline[:5]:
+        assert job is not None
+        model.release(job.job_id, 1, 1)
+    for serial in range(4):
+        model.enqueue(ModelJob(f"s{serial}", "t", "standard", 1, 1, 1))
+    picked = [model.pick("e") for _ in range(5)]
+    assert [job.request_class for job in picked if job] == ["standard"] * 4
+    assert model.offline_gate("e") == "online_seats"  # 4 online seats of 10
+    model.release(picked[0].job_id, 1, 1)  # type: ignore[union-attr]
+    assert model.offline_gate("e") == ""

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from workers.smoothing import (
+    Load,
     Point,
     bucket_start,
     counter_increase,
@@ -31,18 +32,26 @@ def test_a_late_sample_weighs_more_than_a_prompt_one():
     assert ewma(0.0, 100.0, 20.0, 30.0) > ewma(0.0, 100.0, 5.0, 30.0)
 
 
-def test_load_is_the_largest_signal():
-    assert engine_load(gpu_utilization=0.3, kv_cache_usage=0.7, reserved_fraction=0.5) == 0.7
-    assert engine_load(gpu_utilization=0.9, kv_cache_usage=0.1, reserved_fraction=0.5) == 0.9
+def test_load_is_the_largest_signal_and_names_it():
+    assert engine_load(kv_cache_usage=0.7, reserved_fraction=0.5, tensor_activity=0.3) == Load(
+        0.7, "kv_cache_usage"
+    )
+    assert engine_load(kv_cache_usage=0.1, reserved_fraction=0.5, tensor_activity=0.9) == Load(
+        0.9, "tensor_activity"
+    )
 
 
 def test_load_without_a_gpu_leaves_the_gpu_out_rather_than_counting_it_idle():
-    assert engine_load(gpu_utilization=None, kv_cache_usage=0.2, reserved_fraction=0.6) == 0.6
+    assert engine_load(kv_cache_usage=0.2, reserved_fraction=0.6, tensor_activity=None) == Load(
+        0.6, "reserved_fraction"
+    )
 
 
 def test_load_is_clamped_to_0_1_and_zero_without_any_signal():
-    assert engine_load(gpu_utilization=None, kv_cache_usage=None, reserved_fraction=None) == 0.0
-    assert engine_load(gpu_utilization=None, kv_cache_usage=None, reserved_fraction=1.4) == 1.0
+    assert engine_load(kv_cache_usage=None, reserved_fraction=None, tensor_activity=None) == Load(
+        0.0, ""
+    )
+    assert engine_load(kv_cache_usage=None, reserved_fraction=1.4, tensor_activity=None).value == 1
 
 
 def test_a_counter_increase_survives_a_reset():

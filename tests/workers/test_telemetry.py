@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from scheduler.fairqueue.domain import EnginePolicy, TenantPolicy
-from scheduler.gpu_inventory import node_name
+from scheduler.gpu_inventory import GpmActivity, node_name
 from scheduler.models import Device, Engine
 from scheduler.pools import fair_queue
 from scheduler.units import UNIT_BYTES
@@ -155,6 +155,7 @@ class FakeNvml:
             ),
             "nvmlDeviceGetTemperature": temperature,
             "nvmlDeviceGetPowerUsage": power,
+            "nvmlGpmQueryDeviceSupport": fail,  # no GPM (before Hopper)
         }
         for name, call in calls.items():
             monkeypatch.setattr(pynvml, name, call)
@@ -248,15 +249,36 @@ def test_kv_usage_drives_the_load_when_it_is_the_largest(live, stub_engine: Stub
     assert reading.load == pytest.approx(0.9)
 
 
-def test_a_gpu_engine_counts_its_gpus_smoothed_utilisation(
+def test_a_busy_utilization_gpu_does_not_load_a_gpu_engine(
     live, stub_engine: StubEngine, monkeypatch: pytest.MonkeyPatch
 ):
-    FakeNvml([80]).install(monkeypatch)
+    FakeNvml([100]).install(monkeypatch)  # one decoding sequence reads 100 % here
     engine = make_engine(stub_engine.port, kind="gpu")
     register(engine)
     (reading,) = telemetry_sample(check_engines=False).engines
-    assert reading.gpu_utilization == pytest.approx(0.8)  # the first sample is the average
-    assert reading.load == pytest.approx(0.8)
+    assert reading.gpu_utilization == pytest.approx(1.0)  # exported: the first sample
+    assert reading.tensor_activity is None  # the fake GPU has no GPM
+    assert reading.load == pytest.approx(0.25)  # the engine's KV usage, not the GPU's 100 %
+    assert reading.load_signal == "kv_cache_usage"
+
+
+def test_a_gpu_engine_counts_its_gpus_tensor_activity(
+    live, stub_engine: StubEngine, monkeypatch: pytest.MonkeyPatch
+):
+    FakeNvml([100]).install(monkeypatch)
+    activity = GpmActivity(sm_activity=0.77, tensor_activity=0.71)
+    monkeypatch.setattr(
+        telemetry, "gpm_activity", lambda handles, window_s: [activity] * len(handles)
+    )
+    engine = make_engine(stub_engine.port, kind="gpu")
+    register(engine)
+    (reading,) = telemetry_sample(check_engines=False).engines
+    assert (reading.sm_activity, reading.tensor_activity) == (0.77, 0.71)
+    assert (reading.load, reading.load_signal) == (pytest.approx(0.71), "tensor_activity")
+    queue = fair_queue()
+    policy = queue.redis.hmget(queue.keys.engine(engine.name), ["load_signal", "load_closed"])
+    assert policy == ["tensor_activity", "1"]  # over the 0.4 threshold: the gate is shut
+    assert float(engine_live(live, engine.name)["tensor_activity"]) == 0.71
 
 
 def test_preemptions_and_ttft_are_taken_between_two_readings(live, stub_engine: StubEngine):

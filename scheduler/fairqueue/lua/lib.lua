@@ -165,12 +165,15 @@ local function seats(job)
 end
 
 -- Gives back everything a running job holds: its bytes on the tenant and the engine, its
--- seats on the engine, its lease.
+-- seats on the engine (an offline job's are also counted apart, in `offline`), its lease.
 local function give_back(job_id, job)
   local reserved = num(job.reserved)
   redis.call('HINCRBY', k_tenant_use(job.tenant), 'reserved', int(-reserved))
   redis.call('HINCRBY', k_engine_use(job.engine), 'reserved', int(-reserved))
   redis.call('HINCRBY', k_engine_use(job.engine), 'inflight', -seats(job))
+  if job.cls == 'offline' then
+    redis.call('HINCRBY', k_engine_use(job.engine), 'offline', -seats(job))
+  end
   redis.call('ZREM', k_inflight(), job_id)
 end
 
@@ -282,6 +285,30 @@ local function backlogged(pool, cls)
   end
 end
 
+-- The offline gate of an engine: '' while offline work may be picked for it, else what
+-- holds it shut (model.py `offline_gate` states the same rule):
+-- - 'online_seats': online work (interactive, standard) holds at least
+--   offline_load_threshold of the engine's seats, read live at the pick, so the gate
+--   follows online load at once;
+-- - 'load': the samplers' load (KV usage, reserved fraction, GPU tensor activity) is at or
+--   over the threshold, or was and has not yet fallen below threshold - margin
+--   (hysteresis: `load_closed` is set where the load is written, set_load.lua);
+-- - 'seats': offline work may take only the seats online work leaves free, less
+--   `offline_reserve` seats kept for online work arriving, so it fills idle seats and
+--   gives them back as its sequences end.
+local function offline_gate(engine, usage)
+  local seats_total, inflight = num(engine.max_num_seqs), num(usage.inflight)
+  local threshold = num(engine.offline_load_threshold)
+  if inflight - num(usage.offline) >= threshold * seats_total then return 'online_seats' end
+  local load = num(engine.load)
+  if load >= threshold then return 'load' end
+  if engine.load_closed == '1' and load >= threshold - num(engine.offline_gate_margin) then
+    return 'load'
+  end
+  if inflight >= seats_total - num(engine.offline_reserve) then return 'seats' end
+  return ''
+end
+
 -- Pick the fairest admissible job of `pool` for one engine, reserve it and lease it.
 -- Classes are tried in order of class virtual time (stride scheduling); inside a class,
 -- backlogged tenants in order of VTC counter; the first head job that admission lets run
@@ -305,7 +332,7 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
   -- that waited for all of them could wait for ever behind jobs of one.
   if num(usage.inflight) >= num(engine.max_num_seqs) + num(engine.queued) then return nil end
   local free_bytes = num(engine.kv_budget_bytes) - num(usage.reserved)
-  local offline_open = num(engine.load) < num(engine.offline_load_threshold)
+  local offline_open = offline_gate(engine, usage) == ''
 
   local clock = hgetall(k_clock(pool))
   local order = {}
@@ -384,6 +411,7 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
   redis.call('HINCRBY', k_tenant_use(tenant), 'reserved', int(cost))
   redis.call('HINCRBY', k_engine_use(engine_id), 'reserved', int(cost))
   redis.call('HINCRBY', k_engine_use(engine_id), 'inflight', seats(job))
+  if cls == 'offline' then redis.call('HINCRBY', k_engine_use(engine_id), 'offline', seats(job)) end
   local attempt = num(job.attempt) + 1
   local lease_deadline = NOW + lease_s
   job.state, job.engine, job.attempt = 'running', engine_id, int(attempt)
