@@ -107,9 +107,10 @@ def sync_engine(engine: Engine, queue: FairQueue | None = None) -> None:
 
 
 def offline_reserve(max_num_seqs: int) -> int:
-    """The seats offline work leaves free for online work arriving (see EnginePolicy)."""
+    """The seats offline work leaves free for online work arriving (see EnginePolicy): never
+    all of them, so that offline work still runs on an idle engine of one seat."""
     share = min(1.0, max(0.0, float(settings.GPUSHARE_OFFLINE_RESERVE_PER_SEAT)))
-    return math.ceil(max_num_seqs * share)
+    return min(math.ceil(max_num_seqs * share), max(0, max_num_seqs - 1))
 
 
 def engine_queue(max_num_seqs: int) -> int:

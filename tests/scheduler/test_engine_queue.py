@@ -42,7 +42,10 @@ def test_an_engine_is_given_its_queue_per_seat(
     assert int(policy["queued"]) == queued
 
 
-@pytest.mark.parametrize(("per_seat", "seats", "reserve"), [(0.25, 4, 1), (0.25, 10, 3), (0, 8, 0)])
+@pytest.mark.parametrize(
+    ("per_seat", "seats", "reserve"),
+    [(0.25, 4, 1), (0.25, 10, 3), (0, 8, 0), (0.25, 1, 0), (1, 3, 2)],
+)
 def test_an_engine_is_given_its_offline_reserve_and_gate_margin(
     redis_db, settings, tmp_path: Path, per_seat: float, seats: int, reserve: int
 ) -> None:
