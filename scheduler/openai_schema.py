@@ -31,6 +31,13 @@ _BOOLEAN: Schema = {"type": "boolean"}
 _OBJECT: Schema = {"type": "object", "additionalProperties": True}
 _STRINGS: Schema = {"oneOf": [_STRING, {"type": "array", "items": _STRING}]}
 _TOKEN_IDS: Schema = {"type": "array", "items": _INTEGER}
+# A text or token ids, or a non-empty array of either: a completion's prompt, an embedding's input.
+_TEXTS_OR_TOKEN_IDS: list[Schema] = [
+    _STRING,
+    _TOKEN_IDS,
+    {"type": "array", "items": _STRING, "minItems": 1},
+    {"type": "array", "items": _TOKEN_IDS, "minItems": 1},
+]
 
 _CLASS_TEXT = (
     "The request's class (its share of the engines and its queue timeout). The "
@@ -121,21 +128,11 @@ _FIELD_SCHEMAS: dict[tuple[Endpoint | None, str], Schema] = {
     ("chat", "add_generation_prompt"): _BOOLEAN,
     ("chat", "continue_final_message"): _BOOLEAN,
     ("completions", "prompt"): {
-        "oneOf": [
-            _STRING,
-            _TOKEN_IDS,
-            {"type": "array", "items": _STRING, "minItems": 1},
-            {"type": "array", "items": _TOKEN_IDS, "minItems": 1},
-        ],
+        "oneOf": _TEXTS_OR_TOKEN_IDS,
         "description": "A prompt (a string or an array of token ids), or an array of them.",
     },
     ("embeddings", "input"): {
-        "oneOf": [
-            _STRING,
-            _TOKEN_IDS,
-            {"type": "array", "items": _STRING, "minItems": 1},
-            {"type": "array", "items": _TOKEN_IDS, "minItems": 1},
-        ],
+        "oneOf": _TEXTS_OR_TOKEN_IDS,
         "description": "A text (a string or an array of token ids), or an array of them.",
     },
     ("embeddings", "encoding_format"): {**_STRING, "enum": ["float", "base64"]},

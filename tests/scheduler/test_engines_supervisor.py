@@ -43,6 +43,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def kill_and_wait(pid: int) -> None:
+    """SIGKILL to the engine's process group, then until the process is gone (10 s at most)."""
+    os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while process.is_running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def pid_of(engine: Engine) -> int:
     assert engine.pid is not None, f"{engine.name} has no process"
     return engine.pid
@@ -172,10 +180,7 @@ def test_an_engine_without_kv_capacity_in_its_metrics_is_not_ready(
 
 def test_a_crashed_engine_is_detected_and_never_left_ready(engine) -> None:
     started = engine_start(name="fake", timeouts=FAST)
-    os.killpg(pid_of(started), signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while process.is_running(pid_of(started)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    kill_and_wait(pid_of(started))
     checked = engine_refresh(engine=Engine.objects.get(name="fake"))
     assert checked.status == EngineStatus.FAILED
     assert f"process {started.pid} is gone while ready" in checked.status_detail
@@ -198,10 +203,7 @@ def test_a_process_gone_after_the_stop_sent_sigterm_is_stopped_not_failed(engine
     engine_set_status(
         engine=started, status=EngineStatus.DRAINING, detail=f"stopping process {started.pid}"
     )
-    os.killpg(pid_of(started), signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while process.is_running(pid_of(started)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    kill_and_wait(pid_of(started))
     checked = engine_refresh(engine=Engine.objects.get(name="fake"))
     assert checked.status == EngineStatus.STOPPED
     assert Engine.objects.get(name="fake").pid is None
@@ -292,8 +294,5 @@ def test_an_engine_on_another_node_is_not_started_here(engine, settings) -> None
 def test_the_periodic_check_finds_the_dead_engines_of_this_node(engine) -> None:
     started = engine_start(name="fake", timeouts=FAST)
     assert engines_check_all(timeouts=FAST) == []
-    os.killpg(pid_of(started), signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while process.is_running(pid_of(started)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    kill_and_wait(pid_of(started))
     assert [e.name for e in engines_check_all(timeouts=FAST)] == ["fake"]
