@@ -7,8 +7,8 @@ run:  ## install what is missing and run the platform (web, worker, beat, Redis)
 test:  ## install what is missing, then ruff, mypy and the whole test suite
 	bash scripts/test.sh $(ARGS)
 
-lint:
-	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy .
+lint:  ## ruff, mypy and the import contracts (pyproject.toml [tool.importlinter])
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy . && .venv/bin/lint-imports
 
 setup:
 	bash scripts/bootstrap.sh

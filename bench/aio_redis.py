@@ -1,4 +1,4 @@
-"""The web's wait for a job's event: CPU per BLPOP of `config.aio_redis.AsyncRedis`
+"""The web's wait for a job's event: CPU per BLPOP of `plumbing.aio_redis.AsyncRedis`
 against redis-py's asyncio client (what the web used before), in the same run.
 
 Fills a list with event-sized elements, then pops them one call at a time on the web's event
@@ -23,7 +23,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from config.aio_redis import AsyncRedis
+from plumbing.aio_redis import AsyncRedis
 
 KEY = "bench:events"
 EVENT = '{"event":"done","attempt":1,"usage":{"prompt_tokens":12,"completion_tokens":64}}'

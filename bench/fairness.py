@@ -49,7 +49,7 @@ from common import (
     whole_request,
 )
 
-from scheduler.fairqueue.queue import FairQueue
+from fairqueue.queue import FairQueue
 
 WEIGHTS = (1.0, 2.0, 3.0, 4.0)
 FLOOD_FACTOR = 10

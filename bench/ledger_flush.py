@@ -145,7 +145,7 @@ def main() -> None:
 
     name = setup_django(args.database_url, args.redis_url)
     try:
-        from config.redis import redis_client
+        from plumbing.redis import redis_client
         from tenants import usage_buffer
         from tenants.models import Tenant, UsageRecord
         from tenants.services import api_key_create

@@ -62,7 +62,7 @@ UNIT_BYTES = 256 * 1024 * 1024
 LEDGER_DUMP = """
 import json
 from tenants.models import UsageRecord
-from workers.models import EngineSample
+from telemetry.models import EngineSample
 rows = [(r.request_class, r.finished_at.timestamp(), r.latency_ms, r.queue_wait_ms,
          r.reserved_units, r.prompt_tokens + r.completion_tokens, r.outcome)
         for r in UsageRecord.objects.all()]
@@ -141,7 +141,8 @@ def kv_budget_units(bench: BenchPlatform) -> float:
 
 def set_threshold(bench: BenchPlatform, threshold: float) -> None:
     bench.shell(
-        "from scheduler.models import Engine; from scheduler.pools import sync_all_engines; "
+        "from scheduler.models import Engine; "
+        "from scheduler.pools.policies import sync_all_engines; "
         f"Engine.objects.update(offline_load_threshold={threshold!r}); sync_all_engines(); "
         "print(1)"
     )

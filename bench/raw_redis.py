@@ -1,5 +1,5 @@
 """The fair queue's calls to Redis: caller CPU per call over `RawRedis` (its lean connections,
-scheduler/fairqueue/raw_redis.py) against redis-py (what it used before), in the same run.
+plumbing/raw_redis.py) against redis-py (what it used before), in the same run.
 
 Two calls the online path makes for every request, each way in alternating rounds:
 - a worker's turn: `release_and_pick` on a pool kept backlogged (one script call);
@@ -22,8 +22,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scheduler.fairqueue.domain import EnginePolicy, FairQueueConfig, TenantPolicy
-from scheduler.fairqueue.queue import FairQueue
+from fairqueue.domain import EnginePolicy, FairQueueConfig, TenantPolicy
+from fairqueue.queue import FairQueue
 
 POOL, ENGINE, GIB = "bench", "bench-engine", 1024**3
 CHUNK = {"event": "chunk", "attempt": 1, "data": {"choices": [{"delta": {"content": "word"}}]}}

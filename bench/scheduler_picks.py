@@ -30,9 +30,9 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scheduler.fairqueue.domain import EnginePolicy, FairQueueConfig, TenantPolicy
-from scheduler.fairqueue.queue import FairQueue
-from scheduler.request_classes import REQUEST_CLASSES
+from fairqueue.domain import EnginePolicy, FairQueueConfig, TenantPolicy
+from fairqueue.queue import FairQueue
+from protocol.classes import REQUEST_CLASSES
 
 POOL, ENGINE = "bench", "bench-engine"
 GIB = 1024**3

@@ -85,7 +85,7 @@ from common import (
     wait_for,
 )
 
-from scheduler.request_classes import ENGINE_PRIORITY  # common put the repository on the path
+from protocol.classes import ENGINE_PRIORITY  # common put the repository on the path
 
 PLATFORM_URL = "http://127.0.0.1:8000"
 ENGINE_URL = "http://127.0.0.1:8100"
@@ -297,7 +297,7 @@ def platform_pids(root: int | None) -> dict[str, int]:
 
 
 def process_name(argv: list[str]) -> str | None:
-    if "config.serve" in argv:
+    if "plumbing.serve" in argv:
         return "web"
     if "celery" in [Path(a).name for a in argv[:3]]:  # .venv/bin/celery or python -m celery
         if "worker" in argv:

@@ -7,7 +7,7 @@ web, worker, Redis) starts `bench/stand_in/engine.py` as its engine (GPUSHARE_VL
 which answers each completion after --delay seconds, and the same closed loop as the online
 benchmark (--concurrency at once, non-streamed) runs through it: rounds agree within ±5 %.
 Baseline, in the same run: the same load against an ASGI app that only answers, under the
-same server (`python -m config.serve`) at the platform's pace: the server's own floor.
+same server (`python -m plumbing.serve`) at the platform's pace: the server's own floor.
 
     .venv/bin/python bench/stand_in_overhead.py --requests 600 --rounds 3
 """
@@ -26,7 +26,7 @@ import httpx
 from common import DEFAULT_REDIS_URL, REPO, bench_platform, cpu_seconds
 from online_overhead import Round, send
 
-from tests.e2e.harness import free_port
+from tests.support.harness import free_port
 
 STAND_IN = Path(__file__).resolve().parent / "stand_in"
 MODEL = "bench-tiny"
@@ -62,7 +62,7 @@ def floor_round(args: argparse.Namespace, pace: float) -> tuple[Round, float]:
     port = free_port()
     env = {**os.environ, "FLOOR_DELAY_S": repr(args.concurrency / pace)}
     server = subprocess.Popen(
-        [sys.executable, "-m", "config.serve", "floor_app:app", "--app-dir", str(STAND_IN),
+        [sys.executable, "-m", "plumbing.serve", "floor_app:app", "--app-dir", str(STAND_IN),
          "--port", str(port), "--no-access-log", "--log-level", "warning"],
         cwd=REPO, env=env,
     )  # fmt: skip

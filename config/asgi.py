@@ -1,5 +1,5 @@
 """The web's ASGI application: the OpenAI inference endpoints (lean, see
-`scheduler.openai_api.inference_app`) in front of Django, which serves everything else."""
+`api.inference.inference_app`) in front of Django, which serves everything else."""
 
 import os
 from typing import Any
@@ -12,15 +12,15 @@ django_application = get_asgi_application()  # sets Django up: import apps' modu
 
 from django.conf import settings  # noqa: E402
 
-from config.body_deadline import body_deadline  # noqa: E402
-from config.request_ids import request_id_scope, with_request_id  # noqa: E402
-from scheduler.openai_api import INFERENCE_PATHS, inference_app, tenant_key_gate  # noqa: E402
+from api.inference import INFERENCE_PATHS, inference_app, tenant_key_gate  # noqa: E402
+from plumbing.body_deadline import body_deadline  # noqa: E402
+from plumbing.request_ids import request_id_scope, with_request_id  # noqa: E402
 
 
 # Any: Django's handler and ASGI servers each type the three a little differently.
 async def application(scope: Any, receive: Any, send: Any) -> None:
     if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-        with request_id_scope() as request_id:  # see config.request_ids
+        with request_id_scope() as request_id:  # see plumbing.request_ids
             await _application(scope, receive, with_request_id(send, request_id))
     else:
         await _application(scope, receive, send)

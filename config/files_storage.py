@@ -1,4 +1,4 @@
-"""The STORAGES entry of the Files API's bytes (`scheduler.storage`), from the settings."""
+"""The STORAGES entry of the Files API's bytes (`scheduler.batches.storage`), from the settings."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ def files_storage_config(
     """This machine's disk (GPUSHARE_BATCH_FILES_DIR) without a bucket; else the bucket,
     private, its credentials from boto3's usual chain (environment, profile, role)."""
     if not bucket:
-        return {"BACKEND": "scheduler.storage.LocalFilesStorage"}
+        return {"BACKEND": "scheduler.batches.storage.LocalFilesStorage"}
     from boto3.s3.transfer import TransferConfig  # boto3 only where a bucket is set
 
     return {
-        "BACKEND": "scheduler.s3_storage.S3FilesStorage",
+        "BACKEND": "scheduler.batches.s3_storage.S3FilesStorage",
         "OPTIONS": {
             "bucket_name": bucket,
             "endpoint_url": endpoint_url or None,

@@ -9,10 +9,10 @@ from typing import Any
 import dj_database_url
 import django_stubs_ext
 
-from config.env import env_bool, env_float, env_int, env_list, env_str
 from config.files_storage import files_storage_config
 from config.secret_key import secret_key
 from config.sqlite import sqlite_options
+from plumbing.env import env_bool, env_float, env_int, env_list, env_str
 
 # Lets generic admin/serializer classes be subscripted at run time, as the type hints do.
 django_stubs_ext.monkeypatch()
@@ -51,7 +51,8 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "tenants",
     "scheduler",
-    "workers",
+    "telemetry",
+    "console",
 ]
 
 MIDDLEWARE = [
@@ -127,11 +128,11 @@ LOGIN_URL = "/admin/login/"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    # A line written while the web serves a /v1/ request ends with its id (config.request_ids).
+    # A line written while the web serves a /v1/ request ends with its id (plumbing.request_ids).
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s%(request_tag)s"}
     },
-    "filters": {"request_id": {"()": "config.request_ids.RequestIdFilter"}},
+    "filters": {"request_id": {"()": "plumbing.request_ids.RequestIdFilter"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
@@ -190,7 +191,7 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,
-    "EXCEPTION_HANDLER": "config.errors.admin_exception_handler",
+    "EXCEPTION_HANDLER": "plumbing.errors.admin_exception_handler",
 }
 
 SPECTACULAR_SETTINGS = {
@@ -209,7 +210,7 @@ SPECTACULAR_SETTINGS = {
     # The inference endpoints are served outside DRF (config/asgi.py): a hook describes them.
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "scheduler.openai_schema.add_inference_paths",
+        "api.schema.add_inference_paths",
     ],
 }
 
@@ -259,7 +260,7 @@ GPUSHARE_ENGINE_HTTP_TIMEOUT_S = env_float("GPUSHARE_ENGINE_HTTP_TIMEOUT_S", 10.
 GPUSHARE_ENGINE_GENERATE_TIMEOUT_S = env_float("GPUSHARE_ENGINE_GENERATE_TIMEOUT_S", 300.0)
 # A stream picked for an engine is streamed by the web process that holds its client, from
 # the engine itself, not relayed token by token through a worker and Redis
-# (scheduler/granted.py). Off where the web cannot reach the engines' addresses.
+# (scheduler/online/granted.py). Off where the web cannot reach the engines' addresses.
 GPUSHARE_WEB_STREAMS_FROM_ENGINE = env_bool("GPUSHARE_WEB_STREAMS_FROM_ENGINE", True)
 # /health checks a ready engine may miss in a row before it is failed and its process
 # stopped: one miss is often a stall (a machine short of CPU), not a dead engine.
@@ -291,7 +292,7 @@ GPUSHARE_DISPATCH_IDLE_S = env_float("GPUSHARE_DISPATCH_IDLE_S", 60.0)
 # seat is refilled at the engine's next step instead of after a release, a pick and a call
 # (docs/decisions/0002-a-queue-inside-each-engine.md). 0 sends no more than the seats.
 GPUSHARE_ENGINE_QUEUED_PER_SEAT = env_float("GPUSHARE_ENGINE_QUEUED_PER_SEAT", 1.0)
-# The offline gate (scheduler/fairqueue/lua/lib.lua `offline_gate`): once the samplers' load
+# The offline gate (fairqueue/lua/lib.lua `offline_gate`): once the samplers' load
 # closed it, it reopens only below offline_load_threshold minus this margin (no flapping);
 # offline work leaves this share of an engine's seats (rounded up) free for online work
 # arriving, and takes at most the rest of what online work leaves free.
@@ -323,17 +324,17 @@ GPUSHARE_TENANT_MAX_WAITING = env_int("GPUSHARE_TENANT_MAX_WAITING", 1024)
 # The most sequences one request may run: n samples of each of its prompts (a completion's
 # prompt may be a list). Each takes an engine seat and its own KV reservation.
 GPUSHARE_MAX_SEQUENCES_PER_REQUEST = env_int("GPUSHARE_MAX_SEQUENCES_PER_REQUEST", 64)
-# How long a request's body may take to arrive whole (config/body_deadline.py): a 200 MB
+# How long a request's body may take to arrive whole (plumbing/body_deadline.py): a 200 MB
 # batch upload needs 2 MB/s to make it.
 GPUSHARE_BODY_TIMEOUT_S = env_float("GPUSHARE_BODY_TIMEOUT_S", 120.0)
 GPUSHARE_HOUSEKEEPING_INTERVAL_S = env_float("GPUSHARE_HOUSEKEEPING_INTERVAL_S", 2.0)
 # Housekeeping's engine sync and the batch feeder read their rows only when a save changed
-# them (config/change_marks.py), and at least this often whatever happened.
+# them (plumbing/change_marks.py), and at least this often whatever happened.
 GPUSHARE_CHANGE_RECHECK_S = env_float("GPUSHARE_CHANGE_RECHECK_S", 30.0)
 # Finished requests reach the usage ledger in bulk, this often.
 GPUSHARE_USAGE_FLUSH_INTERVAL_S = env_float("GPUSHARE_USAGE_FLUSH_INTERVAL_S", 1.0)
-# Task modules of the workers app (besides workers.tasks, which autodiscovery finds).
-CELERY_IMPORTS: list[str] = ["workers.periodic"]
+# The worker processes' task modules (workers/ is not a Django app: nothing imports it).
+CELERY_IMPORTS: list[str] = ["workers.tasks", "workers.periodic"]
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 
 # --- Batches (issue 6) ----------------------------------------------------------------
@@ -403,7 +404,7 @@ CELERY_BEAT_SCHEDULE["telemetry-rollup"] = {
 }
 
 # --- Pools and scaling (issue 10) ---
-# How often the scaler samples each pool's online queue and decides (scheduler.scaling).
+# How often the scaler samples each pool's online queue and decides (scheduler.pools.scaling).
 GPUSHARE_SCALER_INTERVAL_S = env_float("GPUSHARE_SCALER_INTERVAL_S", 10.0)
 # A start or drain no worker on the engine's node carried out within this long fails (and
 # its task expires), so a dead node does not hold its pool forever: above the start timeout.

@@ -6,21 +6,20 @@ from django.urls import include, path
 from django.views import defaults
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from api.urls import admin_api_urlpatterns, openai_urlpatterns
 from config import health
-from config.errors import openai_error_body
-from scheduler.urls import openai_urlpatterns
-from tenants.urls import admin_api_urlpatterns, tenant_api_urlpatterns
+from plumbing.errors import openai_error_body
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
-    path("", include("config.metrics")),  # /metrics, /metrics/cluster (Prometheus)
+    path("", include("telemetry.exporter")),  # /metrics, /metrics/cluster (Prometheus)
     path("admin/", admin.site.urls),
-    path("console/", include("config.console")),
+    path("console/", include("console.urls")),
     path("api/v1/", include(admin_api_urlpatterns)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
-    path("v1/", include(tenant_api_urlpatterns + openai_urlpatterns)),
+    path("v1/", include(openai_urlpatterns)),
 ]
 
 

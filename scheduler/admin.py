@@ -1,7 +1,7 @@
 from django.contrib import admin
 
+from capacity.units import format_units
 from scheduler.models import Device, Engine
-from scheduler.units import format_units
 
 
 class EngineInline(admin.TabularInline[Engine, Device]):
@@ -69,7 +69,7 @@ class EngineAdmin(admin.ModelAdmin[Engine]):
 # --- Files and batches (issue 6) ------------------------------------------------------
 from typing import Any  # noqa: E402
 
-from scheduler.batches import batch_list_for_staff, batch_object, batch_progress_percent  # noqa: E402
+from scheduler.batches.service import batch_list_for_staff, batch_object, batch_progress_percent  # noqa: E402
 from scheduler.models import Batch, StoredFile  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """What runs where: devices (GPUs, or the CPU standing in for one) and vLLM engines on them.
 
-Every amount of memory is in 256 MiB units (scheduler.units): a device's capacity, an
+Every amount of memory is in 256 MiB units (capacity.units): a device's capacity, an
 engine's footprint.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 from django.db import models
 from django.db.models import Q
 
-from scheduler.units import format_units
+from capacity.units import format_units
 
 
 class DeviceKind(models.TextChoices):
@@ -185,8 +185,8 @@ class FilePurpose(models.TextChoices):
 
 class StoredFile(models.Model):
     """A file a tenant uploaded (a batch's JSONL input) or a batch wrote (its output and
-    errors). The bytes live in the files storage (`scheduler.storage`) under `relative_path`;
-    this row is the index."""
+    errors). The bytes live in the files storage (`scheduler.batches.storage`) under
+    `relative_path`; this row is the index."""
 
     public_id = models.CharField(max_length=64, unique=True)
     tenant = models.ForeignKey(

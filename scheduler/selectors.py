@@ -13,11 +13,12 @@ from typing import Any
 
 from django.db.models import Q, QuerySet, Sum
 
-from config.errors import NotFound
-from scheduler.fairqueue.domain import EnginePolicy
-from scheduler.fairqueue.model import offline_gate
-from scheduler.fairqueue.queue import FairQueue
-from scheduler.kvcost import kv_bytes_per_token
+from capacity.kvcost import kv_bytes_per_token
+from capacity.placement import DeviceRoom
+from fairqueue.domain import EnginePolicy
+from fairqueue.model import offline_gate
+from fairqueue.queue import FairQueue
+from plumbing.errors import NotFound
 from scheduler.models import (
     LIVE_STATUSES,
     Device,
@@ -27,7 +28,6 @@ from scheduler.models import (
     Pool,
     ScalingDecision,
 )
-from scheduler.placement import DeviceRoom
 from tenants.models import Tenant
 
 _DEVICE_KEY = re.compile(r"^(?:(?P<node>[^/]+)/)?(?P<kind>gpu|cpu)(?P<index>\d+)$")

@@ -15,7 +15,16 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
-from config.errors import DomainError
+from capacity.placement import (
+    DedicatedQuotaError,
+    EngineDemand,
+    PlacementError,
+    check_dedicated_quota,
+    check_fits_device,
+    choose_device,
+)
+from capacity.units import UNIT_BYTES, device_capacity_units, gib_to_bytes
+from plumbing.errors import DomainError
 from scheduler.gpu_inventory import GpuInfo
 from scheduler.models import (
     DecisionOutcome,
@@ -27,17 +36,8 @@ from scheduler.models import (
     Pool,
     ScalingDecision,
 )
-from scheduler.placement import (
-    DedicatedQuotaError,
-    EngineDemand,
-    PlacementError,
-    check_dedicated_quota,
-    check_fits_device,
-    choose_device,
-)
-from scheduler.scaling import Decision, PeakError, parse_peaks
+from scheduler.pools.scaling import Decision, PeakError, parse_peaks
 from scheduler.selectors import device_list, device_room, tenant_dedicated_units
-from scheduler.units import UNIT_BYTES, device_capacity_units, gib_to_bytes
 from tenants.models import Tenant
 
 # vLLM's VLLM_CPU_KVCACHE_SPACE takes whole GiB, so a CPU engine's footprint does too.

@@ -7,9 +7,9 @@ from typing import Any
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from scheduler.batches import batch_changes
+from scheduler.batches.service import batch_changes
 from scheduler.models import Batch, Engine
-from scheduler.pools import engine_changes
+from scheduler.pools.policies import engine_changes
 
 
 @receiver(post_save, sender=Engine)

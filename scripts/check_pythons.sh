@@ -3,7 +3,7 @@
 # besides the development one (3.11): for each of 3.12 and 3.13, a throwaway virtual
 # environment, `pip install .` (the platform alone: the vLLM engine has an environment of its
 # own), then, outside the checkout so that the installed copy is the one imported,
-# `django.setup()`, an import of every module of the four apps, and Django's system checks.
+# `django.setup()`, an import of every module of every package, and Django's system checks.
 #
 #   scripts/check_pythons.sh            # 3.12 and 3.13
 #   scripts/check_pythons.sh 3.13       # only these
@@ -34,7 +34,8 @@ trap 'rm -rf "$work"' EXIT
 # A copy of what `pip install .` reads: setuptools builds in the source folder (build/,
 # *.egg-info), which would leave them in the checkout.
 mkdir "$work/src"
-tar -C "$REPO_ROOT" --exclude=__pycache__ -cf - pyproject.toml config tenants scheduler workers \
+tar -C "$REPO_ROOT" --exclude=__pycache__ -cf - pyproject.toml api capacity config console \
+  fairqueue plumbing protocol scheduler telemetry tenants workers \
   | tar -C "$work/src" -xf -
 
 for version in "${versions[@]}"; do
@@ -63,7 +64,10 @@ import django
 django.setup()
 
 names = []
-for package in ("config", "tenants", "scheduler", "workers"):
+for package in (
+    "api", "capacity", "config", "console", "fairqueue", "plumbing", "protocol", "scheduler",
+    "telemetry", "tenants", "workers",
+):
     module = importlib.import_module(package)
     assert "site-packages" in module.__file__, module.__file__  # the installed copy
     names.append(package)

@@ -41,7 +41,7 @@ try:
 
     # Both modules are free of Django: the platform's own GPM read and load rule are measured.
     from scheduler.gpu_inventory import gpm_activity, nvml_session
-    from workers.smoothing import engine_load
+    from telemetry.smoothing import engine_load
 except ImportError as missing:  # run with an interpreter that has torch but not nvidia-ml-py
     print(f"{missing}: this check needs nvidia-ml-py (and PyTorch with CUDA)", file=sys.stderr)
     sys.exit(2)

@@ -48,7 +48,7 @@ say "Starting the demo engine (vLLM CPU, about a minute; log: var/engines/$ENGIN
 "$PY" manage.py demo --base-url "http://$HOST:$PORT" || die "demo set-up failed"
 
 say "Serving on http://$HOST:$PORT (Ctrl-C stops everything)"
-"$PY" -m config.serve config.asgi:application --host "$HOST" --port "$PORT" --log-level info &
+"$PY" -m plumbing.serve config.asgi:application --host "$HOST" --port "$PORT" --log-level info &
 children+=($!)
 wait -n "${children[@]}" || true
 die "a platform process exited (logs in var/log/)"

@@ -11,6 +11,8 @@ say "ruff"
 "$VENV/bin/ruff" format --check . >/dev/null || die "ruff format: run '.venv/bin/ruff format .'"
 say "mypy"
 "$VENV/bin/mypy" . || die "mypy found problems"
+say "import contracts"
+"$VENV/bin/lint-imports" || die "an import breaks a contract in pyproject.toml [tool.importlinter]"
 # End-to-end tests run a real vLLM CPU engine on the tiny demo model.
 export GPUSHARE_VLLM_PYTHON="${GPUSHARE_VLLM_PYTHON:-$("$REPO_ROOT/scripts/engine_setup.sh" | tail -1)}"
 # Browser tests drive the console in Debian's headless Chromium.

@@ -4,7 +4,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from scheduler.units import format_units
+from capacity.units import format_units
 from tenants.keys import new_key_material
 from tenants.models import ApiKey, Tenant, UsageRecord
 from tenants.services import api_keys_revoke

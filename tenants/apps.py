@@ -6,4 +6,4 @@ class TenantsConfig(AppConfig):
     name = "tenants"
 
     def ready(self) -> None:
-        from tenants import schema, signals  # noqa: F401  (register the extensions, receivers)
+        from tenants import signals  # noqa: F401  (connects the receivers)

@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.errors import InvalidApiKey, openai_exception_handler
+from plumbing.errors import InvalidApiKey, openai_exception_handler
 from tenants.models import ApiKey, Tenant
 from tenants.services import api_key_authenticate
 

@@ -35,9 +35,9 @@ from django.conf import settings
 from django.db.models import Sum
 from redis.commands.core import Script
 
-from config.aio_redis import AsyncRedis
-from config.errors import DomainError
-from config.redis import redis_client
+from plumbing.aio_redis import AsyncRedis
+from plumbing.errors import DomainError
+from plumbing.redis import redis_client
 from tenants.models import BudgetPeriod, Tenant, UsageRecord
 
 log = logging.getLogger(__name__)

@@ -7,9 +7,9 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 
-from scheduler.request_classes import REQUEST_CLASSES, RequestClass, unknown_classes
-from scheduler.request_fields import MAX_USER_CHARS, OPTIONAL_FIELDS
-from scheduler.units import format_units
+from capacity.units import format_units
+from protocol.classes import REQUEST_CLASSES, RequestClass, unknown_classes
+from protocol.fields import MAX_USER_CHARS, OPTIONAL_FIELDS
 
 
 def _all_classes() -> list[str]:

@@ -27,8 +27,8 @@ from typing import Any, Literal
 
 from django.db.models import Q, QuerySet, Sum
 
-from config.errors import DomainError
-from scheduler.request_classes import REQUEST_CLASSES
+from plumbing.errors import DomainError
+from protocol.classes import REQUEST_CLASSES
 from tenants.models import Outcome, Tenant, UsageRecord
 
 Period = Literal["hour", "day", "month"]

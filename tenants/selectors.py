@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import Count, Q, QuerySet
 
-from config.errors import NotFound
+from plumbing.errors import NotFound
 from tenants.models import ApiKey, Tenant, UsageRecord
 
 

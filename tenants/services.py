@@ -12,10 +12,10 @@ from django.db import transaction
 from django.db.models import ProtectedError, Q, QuerySet
 from django.utils import timezone
 
-from config.change_marks import ChangeMark, cache_by_marks
-from config.errors import Conflict, InvalidApiKey
-from config.ttlcache import TtlCache
-from scheduler.request_classes import RequestClass
+from plumbing.change_marks import ChangeMark, cache_by_marks
+from plumbing.errors import Conflict, InvalidApiKey
+from plumbing.ttlcache import TtlCache
+from protocol.classes import RequestClass
 from tenants.keys import hash_key, new_key_material
 from tenants.models import ApiKey, Tenant
 

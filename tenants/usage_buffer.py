@@ -37,8 +37,8 @@ from typing import Any
 from django.db import connection
 from django.db.models import Field
 
-from config.redis import redis_client
-from scheduler.request_fields import MAX_USER_CHARS
+from plumbing.redis import redis_client
+from protocol.fields import MAX_USER_CHARS
 from tenants.models import UsageRecord
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ from tests.factories import TenantFactory
 def fresh_process_caches() -> None:
     """Each test starts with the request path's per-process caches empty: an entry a test
     left (a route to an engine whose row was rolled back) would otherwise outlive it."""
-    from scheduler import online
+    from scheduler.online import admission as online
     from tenants import services
     from workers import dispatch
 

@@ -1,6 +1,6 @@
 import factory
 
-from scheduler.request_classes import REQUEST_CLASSES
+from protocol.classes import REQUEST_CLASSES
 from tenants.models import Tenant
 
 

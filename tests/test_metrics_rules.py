@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from config.metrics import CLUSTER_METRICS, METRICS, PROCESS_METRICS
+from telemetry.exporter import CLUSTER_METRICS, METRICS, PROCESS_METRICS
 
 RULES = Path(__file__).resolve().parents[1] / "platform" / "prometheus" / "rules.yml"
 RULES_TEST = RULES.with_name("rules_test.yml")

@@ -25,11 +25,11 @@ SETUP_VLLM = REPO / "scripts" / "setup_vllm.sh"
 K8S = PLATFORM / "k8s" / "base"
 SECRET_EXAMPLE = PLATFORM / "k8s" / "production" / "secret.example.yaml"
 
-WEB = ["python", "-m", "config.serve", "config.asgi:application"]
+WEB = ["python", "-m", "plumbing.serve", "config.asgi:application"]
 WORKER = ["celery", "-A", "config", "worker"]
 BEAT = ["celery", "-A", "config", "beat"]
 MIGRATE = ["python", "manage.py", "migrate"]
-# Read by Django itself, or by boto3 for the files bucket, not through config.env.
+# Read by Django itself, or by boto3 for the files bucket, not through plumbing.env.
 OTHER_KNOWN_ENV = {"DJANGO_SETTINGS_MODULE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
 
 

@@ -47,26 +47,26 @@ from django.conf import settings
 from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connection
 
-from config import wire
-from config.aio_redis import Arg, AsyncRedis
-from config.change_marks import cache_by_marks
-from config.ttlcache import TtlCache
-from scheduler.batches import batch_line_finished
+from capacity.units import UNIT_BYTES
+from fairqueue.aio import AsyncFairQueue
+from fairqueue.domain import DispatchLoop, Job
+from fairqueue.inbox import Inbox
+from fairqueue.queue import FairQueue, LastWords
+from plumbing import wire
+from plumbing.aio_redis import Arg, AsyncRedis
+from plumbing.change_marks import cache_by_marks
+from plumbing.ttlcache import TtlCache
+from scheduler.batches.service import batch_line_finished
 from scheduler.engines.aio_client import AsyncEngineClient
 from scheduler.engines.auth import engine_api_key
 from scheduler.engines.supervisor import engine_check_unreachable
-from scheduler.fairqueue.aio import AsyncFairQueue
-from scheduler.fairqueue.domain import DispatchLoop, Job
-from scheduler.fairqueue.inbox import Inbox
-from scheduler.fairqueue.queue import FairQueue, LastWords
 from scheduler.models import Engine
-from scheduler.pools import engine_changes, fair_queue
-from scheduler.units import UNIT_BYTES
+from scheduler.pools.policies import engine_changes, fair_queue
+from telemetry.sampling import UNRESERVED_KEY
 from tenants.limits import Admission, limits_settle
 from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
 from tenants.usage_buffer import end_user
 from workers.runner import Relay, Run, RunResult, reserved_unit_seconds, run_job
-from workers.telemetry import UNRESERVED_KEY
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")

@@ -32,7 +32,7 @@ from celery.signals import worker_ready, worker_shutting_down
 from django.conf import settings
 from django.db import connection
 
-from config.redis import redis_client
+from plumbing.redis import redis_client
 
 log = logging.getLogger(__name__)
 

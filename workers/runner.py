@@ -15,7 +15,7 @@ response body when not streaming, and the usage), ``error`` (status and OpenAI-s
 
 A stream with a waiter is granted, not relayed (GPUSHARE_WEB_STREAMS_FROM_ENGINE): the run
 tells the waiter (the web process that holds the client) to call the engine itself, and
-waits for its report (`scheduler.granted`), holding the job's lease meanwhile. A relayed
+waits for its report (`scheduler.online.granted`), holding the job's lease meanwhile. A relayed
 token costs a write to Redis, a read from it and a wake-up of two more processes; granted,
 the engine's chunks go straight to the process that sends them on. The report says what a
 relayed run would have found out itself (the tokens, the engine's refusal, or that the
@@ -34,7 +34,11 @@ from typing import Any
 
 from django.conf import settings
 
-from config import wire
+from capacity.units import UNIT_BYTES
+from fairqueue.aio import AsyncFairQueue
+from fairqueue.domain import Job
+from fairqueue.inbox import Inbox, chunk_entry, event_entry
+from plumbing import wire
 from scheduler.engines.aio_client import AsyncEngineClient
 from scheduler.engines.calls import (
     ResponseEvents,
@@ -44,11 +48,7 @@ from scheduler.engines.calls import (
     usage_counts,
 )
 from scheduler.engines.client import EngineRequestError, EngineUnavailable
-from scheduler.fairqueue.aio import AsyncFairQueue
-from scheduler.fairqueue.domain import Job
-from scheduler.fairqueue.inbox import Inbox, chunk_entry, event_entry
-from scheduler.granted import ALIVE_S, Report
-from scheduler.units import UNIT_BYTES
+from scheduler.online.granted import ALIVE_S, Report
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ class Relay:
     """Events for waiters, written to Redis together: every event published while a write is
     under way goes in the next one (each job's in order), so a process whose streams decode
     in step (one chunk each per engine step) writes one round trip per step, not one per
-    stream. An event goes to its waiter's inbox (`scheduler.fairqueue.inbox`), or to the
+    stream. An event goes to its waiter's inbox (`fairqueue.inbox`), or to the
     job's own list when nobody waits (a batch line). `flush` waits until what was published
     before it is written: a run's final words, told with its release, must come after its
     chunks."""

@@ -6,11 +6,11 @@ import logging
 
 from celery import shared_task
 
-from config.redis import redis_client
-from scheduler.pools import fair_queue, sync_engines_if_changed
+from plumbing.redis import redis_client
+from scheduler.pools.policies import fair_queue, sync_engines_if_changed
+from telemetry.sampling import timeouts_record
 from tenants.usage_buffer import usage_flush
 from workers.dispatch import dispatch_pool
-from workers.telemetry import timeouts_record
 
 log = logging.getLogger(__name__)
 PING_KEY = "gpushare:worker-ping:{token}"

@@ -7,13 +7,13 @@ from typing import Any
 
 from celery import shared_task
 
-from workers.telemetry import telemetry_rollup, telemetry_sample
+from telemetry.sampling import telemetry_rollup, telemetry_sample
 
 
 @shared_task(name="workers.telemetry_sample")
 def sample() -> dict[str, Any]:
     """Every few seconds: GPUs, engine checks, engines' /metrics and load, rejections, ledger
-    counters (workers.telemetry)."""
+    counters (telemetry.sampling)."""
     report = telemetry_sample()
     return {
         "skipped": report.skipped,

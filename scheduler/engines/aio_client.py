@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from config import wire
+from plumbing import wire
 from scheduler.engines.client import EngineUnavailable, raise_for_status
 
 # Below the engines' own keep-alive (uvicorn's 5 s in vLLM's server): a connection the engine

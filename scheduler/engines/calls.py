@@ -8,9 +8,9 @@ from typing import Any
 
 from django.utils.crypto import salted_hmac
 
-from config import wire
-from scheduler.inference import ENDPOINT_PATHS, GENERATION_ENDPOINTS
-from scheduler.request_classes import ENGINE_PRIORITY
+from plumbing import wire
+from protocol.classes import ENGINE_PRIORITY
+from protocol.inference import ENDPOINT_PATHS, GENERATION_ENDPOINTS
 
 
 def engine_path(request: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from config import wire
+from plumbing import wire
 from scheduler.engines.metrics import EngineMetrics, parse_engine_metrics
 
 

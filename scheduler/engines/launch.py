@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from scheduler.units import GIB, UNIT_BYTES, gpu_memory_utilization
+from capacity.units import GIB, UNIT_BYTES, gpu_memory_utilization
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 CPU_UNITS_PER_GIB = GIB // UNIT_BYTES

@@ -23,7 +23,7 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
-from config.errors import DomainError
+from plumbing.errors import DomainError
 from scheduler.engines import cpu_affinity, process
 from scheduler.engines.auth import engine_api_key
 from scheduler.engines.client import EngineClient, EngineError
@@ -31,7 +31,7 @@ from scheduler.engines.launch import EngineLaunch, build_launch
 from scheduler.engines.vllm_env import VllmEnvMissing, find_vllm_python
 from scheduler.gpu_inventory import node_name
 from scheduler.models import LIVE_STATUSES, DeviceKind, Engine, EngineStatus, EngineTask
-from scheduler.pools import fair_queue, sync_engine
+from scheduler.pools.policies import fair_queue, sync_engine
 from scheduler.selectors import engine_get
 from scheduler.services import engine_check_room_to_start, engine_set_status
 

@@ -20,9 +20,9 @@ from pytest_django.live_server_helper import LiveServer
 
 from scheduler.models import BatchStatus, Engine, EngineStatus, LineState
 from tests.browser.conftest import log_in, screenshot
-from tests.scheduler.test_console_batches import make_batch
-from tests.scheduler.test_console_live import Fleet, make_fleet
-from tests.tenants.test_console_reports import ledger_row
+from tests.console.test_batches import make_batch
+from tests.console.test_engines_and_queues import Fleet, make_fleet
+from tests.console.test_reports import ledger_row
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -82,10 +82,10 @@ def test_an_engine_shows_where_it_would_go_and_starts_with_progress(
     expect(page.locator("#placement svg rect.unit.used")).to_have_count(40)
     screenshot(page, "engine-preview")
 
-    with mock.patch("workers.engine_tasks.start_engine.apply_async") as send:
+    with mock.patch("scheduler.worker_tasks.current_app") as celery:
         page.click("#progress button:has-text('Start')")
         expect(page.locator(".messages")).to_contain_text("Starting qwen-c")
-    send.assert_called_once()
+    celery.send_task.assert_called_once()
     expect(page.locator("#action-progress")).to_contain_text("start requested from the console")
 
     # What the supervisor writes as it goes appears while the page follows the engine.

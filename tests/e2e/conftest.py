@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.e2e.harness import Database, Platform, free_port
+from tests.support.harness import Database, Platform, free_port
 
 E2E_REDIS_URL = os.environ.get("GPUSHARE_E2E_REDIS_URL", "redis://127.0.0.1:6379/15")
 MODEL = "tiny-llama"

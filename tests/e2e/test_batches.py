@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from tests.e2e.conftest import E2E_REDIS_URL, MODEL, make_tenant
-from tests.e2e.harness import Platform, kill_process, restart_process, start_process
+from tests.support.harness import Platform, kill_process, restart_process, start_process
 
 FINAL = ("completed", "failed", "expired", "cancelled")
 # The worker's lease for the kill test: short, so the reaper returns the dead worker's jobs
@@ -121,7 +121,8 @@ def set_offline_threshold(platform: Platform, threshold: float) -> None:
     """Holds the engine's load at or over (0) or under (0.4) its offline threshold, and
     tells the scheduler at once. The threshold moves, not the load: the load is sampled."""
     platform.shell(
-        "from scheduler.models import Engine; from scheduler.pools import sync_all_engines; "
+        "from scheduler.models import Engine; "
+        "from scheduler.pools.policies import sync_all_engines; "
         f"Engine.objects.update(offline_load_threshold={threshold}); sync_all_engines(); "
         "print(1)"
     )
@@ -284,7 +285,7 @@ def test_after_its_window_a_batch_expires_and_still_delivers_what_finished(platf
         # window runs out now (the clock is the database's expires_at).
         platform_server.shell(
             "from django.utils import timezone; from scheduler.models import Batch, Engine; "
-            "from scheduler.pools import sync_all_engines; "
+            "from scheduler.pools.policies import sync_all_engines; "
             "Engine.objects.update(offline_load_threshold=0.0); sync_all_engines(); "
             f"print(Batch.objects.filter(public_id='{batch.id}')"
             ".update(expires_at=timezone.now()))"

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import MODEL
-from tests.e2e.harness import Platform, free_port
+from tests.support.harness import Platform, free_port
 
 ENGINE = "console-e2e"
 PASSWORD = "pw-console-e2e"

@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from tests.e2e.conftest import MODEL, make_tenant
-from tests.e2e.harness import Platform, free_port
 from tests.e2e.test_online import client_for, scheduler_check, usage_rows, wait_for
+from tests.support.harness import Platform, free_port
 
 ENGINE = "embed-e2e"
 EMBED_MODEL = f"{MODEL}-embed"

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.harness import Platform, free_port
+from tests.support.harness import Platform, free_port
 
 ENGINE = "e2e-tiny"
 UNITS = 4  # 1 GiB of KV space (a CPU engine takes whole GiB)
@@ -54,7 +54,7 @@ def test_the_engine_is_ready_with_the_kv_capacity_its_units_buy(platform_server,
     assert "ready" in engine["progress"]
     # The KV cost model and the engine agree: its units hold exactly this many tokens.
     per_token = platform_server.shell(
-        "from scheduler.kvcost import kv_bytes_per_token; "
+        "from capacity.kvcost import kv_bytes_per_token; "
         f"print(kv_bytes_per_token({json.dumps(engine['model_path'])}))"
     )
     assert engine["kv"] * per_token == UNITS * 256 * 1024 * 1024

@@ -30,10 +30,10 @@ import pytest
 import redis
 from moto.server import ThreadedMotoServer
 
-from scheduler.fairqueue import FairQueue
-from scheduler.pools import engine_queue
+from fairqueue import FairQueue
+from scheduler.pools.policies import engine_queue
 from tests.e2e.conftest import make_tenant
-from tests.e2e.harness import REPO, Database, Platform, free_port, kill_process
+from tests.support.harness import REPO, Database, Platform, free_port, kill_process
 
 MODEL = "tiny-llama"
 # Not the shared e2e database: the session's platform (tests/e2e/conftest.py) runs beside
@@ -160,7 +160,7 @@ def cluster(
             manage_on(platform, node, "gpus", "discover")
         celery = [sys.executable, "-m", "celery", "-A", "config"]
         platform._spawn("beat", [*celery, "beat", "--loglevel", "INFO"])
-        uvicorn = [sys.executable, "-m", "config.serve", "config.asgi:application"]
+        uvicorn = [sys.executable, "-m", "plumbing.serve", "config.asgi:application"]
         address = ["--host", "127.0.0.1", "--port", str(platform.port), "--log-level", "warning"]
         # Each in-flight request holds one of the web's pooled database connections until it
         # ends (seen here: 32 long requests at once got 500 "couldn't get a connection" with

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import MODEL, make_tenant
-from tests.e2e.harness import Platform
+from tests.support.harness import Platform
 
 
 def client_for(platform: Platform, key: str) -> openai.OpenAI:

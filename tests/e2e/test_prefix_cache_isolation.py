@@ -13,7 +13,7 @@ import openai
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.e2e.conftest import MODEL, make_tenant
-from tests.e2e.harness import Platform
+from tests.support.harness import Platform
 
 
 def prefix_cache_hits(platform: Platform) -> float:

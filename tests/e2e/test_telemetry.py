@@ -17,10 +17,10 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from config.metrics import CLUSTER_METRICS
-from scheduler.units import UNIT_BYTES
+from capacity.units import UNIT_BYTES
+from telemetry.exporter import CLUSTER_METRICS
 from tests.e2e.conftest import MODEL, make_tenant
-from tests.e2e.harness import Platform
+from tests.support.harness import Platform
 
 T = TypeVar("T")
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -148,8 +148,8 @@ def test_the_sampler_runs_for_real_on_cpu_with_no_gpu_fields(platform_server, tr
     def sampled() -> dict[str, Any] | None:
         data = shell_json(
             platform_server,
-            "from workers.models import EngineSample, GpuSample\n"
-            "from scheduler.pools import fair_queue\n"
+            "from telemetry.models import EngineSample, GpuSample\n"
+            "from scheduler.pools.policies import fair_queue\n"
             f"rows = list(EngineSample.objects.filter(engine='{MODEL}').values())\n"
             "q = fair_queue()\n"
             f"load = q.redis.hget(q.keys.engine('{MODEL}'), 'load')\n"

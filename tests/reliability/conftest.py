@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.e2e.harness import Database, Platform, free_port
+from tests.support.harness import Database, Platform, free_port
 
 MODEL = "tiny-llama"
 HERE = Path(__file__).parent
@@ -121,7 +121,7 @@ class Stack:
         """A fair-queue client on this platform's Redis, in the test process."""
         from django.conf import settings
 
-        from scheduler.fairqueue import FairQueue, config_from_settings
+        from fairqueue import FairQueue, config_from_settings
 
         client = redis.Redis.from_url(self.redis.url(), decode_responses=True)
         return FairQueue(client, config_from_settings(settings))

@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from tests.e2e.harness import Platform, start_process
 from tests.reliability.conftest import MODEL
+from tests.support.harness import Platform, start_process
 
 # No request of the suite may take longer than this: a hang fails the test.
 CLIENT_TIMEOUT_S = 120.0

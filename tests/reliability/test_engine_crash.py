@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from scheduler.pools import engine_queue
+from scheduler.pools.policies import engine_queue
 from tests.reliability.conftest import Stack, start_stack, stop_stack
 from tests.reliability.helpers import (
     assert_openai_error,

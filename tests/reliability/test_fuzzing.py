@@ -168,7 +168,7 @@ HOSTILE: dict[str, tuple[str, bytes]] = {
     "prompt missing": (COMPLETIONS, js({"model": MODEL, "max_tokens": 4})),
     "prompt 2 MB": (COMPLETIONS, js({"model": MODEL, "prompt": "word " * 400_000, "max_tokens": 4})),
     "prompt longer than context": (COMPLETIONS, js({"model": MODEL, "prompt": list(range(5000)), "max_tokens": 4})),
-    # vLLM's extras a shared engine must not take from a tenant (scheduler/request_fields.py).
+    # vLLM's extras a shared engine must not take from a tenant (protocol/fields.py).
     "prompt_logprobs": (CHAT, chat(prompt_logprobs=20)),
     "echo with logprobs": (COMPLETIONS, js({"model": MODEL, "prompt": "hi", "max_tokens": 4, "echo": True, "logprobs": 5})),
     "own chat template": (CHAT, chat(chat_template="{% for m in range(10**9) %}x{% endfor %}")),

@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
-from scheduler.pools import engine_queue
-from scheduler.units import UNIT_BYTES
+from capacity.units import UNIT_BYTES
+from scheduler.pools.policies import engine_queue
 from tests.reliability.conftest import Stack
 from tests.reliability.helpers import (
     CLIENT_TIMEOUT_S,

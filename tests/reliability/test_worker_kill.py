@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from tests.e2e.harness import kill_process, start_process
 from tests.reliability.conftest import Stack
 from tests.reliability.helpers import (
     assert_openai_error,
@@ -26,6 +25,7 @@ from tests.reliability.helpers import (
     usage_rows,
     wait_until,
 )
+from tests.support.harness import kill_process, start_process
 
 REQUESTS = 40
 STREAMS = 10

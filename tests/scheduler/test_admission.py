@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from scheduler import online
-from scheduler.inference import parse_inference_request
+from protocol.inference import parse_inference_request
 from scheduler.models import Device, Engine, EngineStatus
-from scheduler.pools import fair_queue, sync_engine
+from scheduler.online import admission as online
+from scheduler.pools.policies import fair_queue, sync_engine
 from tenants.limits import PREFIX, RateLimited
 from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_update
@@ -266,12 +266,12 @@ def test_a_budget_counter_redis_lost_is_seeded_from_the_ledger_in_a_thread(beare
 def test_a_dispatch_loop_is_summoned_from_a_thread_and_not_waited_for(bearer, monkeypatch):
     import threading
 
-    from workers.tasks import dispatch
+    from scheduler import worker_tasks
 
     summoned, release = threading.Event(), threading.Event()
     calls: list[tuple[str, bool]] = []
 
-    def delay(pool: str) -> None:
+    def dispatch(pool: str) -> None:
         try:
             asyncio.get_running_loop()
             on_a_loop = True
@@ -281,7 +281,7 @@ def test_a_dispatch_loop_is_summoned_from_a_thread_and_not_waited_for(bearer, mo
         summoned.set()
         release.wait(5)  # a slow broker: the request does not wait for it
 
-    monkeypatch.setattr(dispatch, "delay", delay)
+    monkeypatch.setattr(worker_tasks, "dispatch", dispatch)
     request = parse_inference_request(
         "chat", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
     )
@@ -304,7 +304,7 @@ def test_a_client_that_leaves_while_its_job_is_being_queued_leaves_no_job_behind
 ):
     """The queue's reply is late and the client leaves before it comes: the job was queued
     all the same, and is cancelled once the reply is in."""
-    from scheduler.fairqueue.aio import AsyncFairQueue
+    from fairqueue.aio import AsyncFairQueue
 
     admit(bearer)  # warm: the next admission runs on the loop
     enqueue = AsyncFairQueue.enqueue_summoning
@@ -339,7 +339,7 @@ def test_a_client_that_leaves_while_its_job_is_being_queued_leaves_no_job_behind
 
 
 def test_several_prompts_and_samples_are_reserved_as_that_many_sequences(bearer, tokenizer):
-    from scheduler.kvcost import kv_cost_bytes, kv_shape_from_config
+    from capacity.kvcost import kv_cost_bytes, kv_shape_from_config
 
     tenant = tenant_update(tenant=Tenant.objects.get(slug="acme"), tpm_limit=100_000)
     request = parse_inference_request(

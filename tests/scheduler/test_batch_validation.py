@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from scheduler.batches import (
+from scheduler.batches.service import (
     LineError,
     output_record,
     stop_error,

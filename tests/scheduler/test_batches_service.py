@@ -14,17 +14,17 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from scheduler.batches import (
+from fairqueue.domain import Job
+from fairqueue.queue import FairQueue
+from scheduler.batches.service import (
     batch_get,
     batch_line_finished,
     batch_object,
     batch_process,
     batches_tick_if_changed,
 )
-from scheduler.fairqueue.domain import Job
-from scheduler.fairqueue.queue import FairQueue
 from scheduler.models import Batch, BatchLine, BatchStatus, Device, Engine, EngineStatus, LineState
-from scheduler.pools import fair_queue
+from scheduler.pools.policies import fair_queue
 from tenants.models import UsageRecord
 from tests.conftest import bearer_client
 from workers.dispatch import last_words, settle

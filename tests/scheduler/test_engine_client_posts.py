@@ -22,12 +22,12 @@ from unittest.mock import ANY
 import pytest
 from django.conf import settings
 
-from config.aio_redis import AsyncRedis
+from fairqueue import EnginePolicy, FairQueue, Job, TenantPolicy
+from fairqueue.aio import AsyncFairQueue
+from plumbing.aio_redis import AsyncRedis
 from scheduler.engines.aio_client import AsyncEngineClient
 from scheduler.engines.client import EngineClient, EngineRequestError, EngineUnavailable
-from scheduler.fairqueue import EnginePolicy, FairQueue, Job, TenantPolicy
-from scheduler.fairqueue.aio import AsyncFairQueue
-from scheduler.pools import fair_queue
+from scheduler.pools.policies import fair_queue
 from workers.runner import Relay, Run, RunResult, run_job
 
 UNIT = 256 * 1024 * 1024

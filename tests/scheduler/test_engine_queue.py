@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from protocol.classes import ENGINE_PRIORITY, REQUEST_CLASSES
 from scheduler.engines.calls import engine_body
 from scheduler.models import Device, Engine, EngineStatus
-from scheduler.pools import fair_queue, sync_engine
-from scheduler.request_classes import ENGINE_PRIORITY, REQUEST_CLASSES
+from scheduler.pools.policies import fair_queue, sync_engine
 from tests.scheduler.test_admission import MODEL_CONFIG
 
 pytestmark = pytest.mark.django_db

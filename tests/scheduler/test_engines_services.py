@@ -2,7 +2,8 @@
 
 import pytest
 
-from config.errors import DomainError
+from capacity.units import GIB
+from plumbing.errors import DomainError
 from scheduler.models import Device, DeviceKind, Engine, EngineStatus
 from scheduler.selectors import (
     device_get,
@@ -12,7 +13,6 @@ from scheduler.selectors import (
     tenant_dedicated_units,
 )
 from scheduler.services import EngineConflict, NoRoom, engine_create
-from scheduler.units import GIB
 from tests.factories import TenantFactory
 
 pytestmark = pytest.mark.django_db

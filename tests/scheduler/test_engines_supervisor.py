@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from config.errors import DomainError
+from capacity.units import GIB
+from plumbing.errors import DomainError
 from scheduler.engines import cpu_affinity, process
 from scheduler.engines.supervisor import (
     EngineStartError,
@@ -28,9 +29,8 @@ from scheduler.engines.supervisor import (
 )
 from scheduler.models import Device, DeviceKind, Engine, EngineStatus
 from scheduler.services import NoRoom, device_register_cpu, engine_create, engine_set_status
-from scheduler.units import GIB
 
-FAKE_SERVER = Path(__file__).with_name("fake_vllm_server.py")
+FAKE_SERVER = Path(__file__).parents[1] / "support" / "fake_vllm_server.py"
 FAST = Timeouts(start_s=20, drain_s=2, stop_s=5, http_s=2, generate_s=5)
 NODE = "testnode"
 

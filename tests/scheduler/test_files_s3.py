@@ -16,9 +16,9 @@ from moto.server import ThreadedMotoServer
 
 from config.files_storage import files_storage_config
 from scheduler.models import Batch, BatchStatus, StoredFile
+from tests.api.test_files import assert_streamed_over_asgi, upload
 from tests.conftest import bearer_client
 from tests.scheduler import test_batches_service as service
-from tests.scheduler.test_files_api import assert_streamed_over_asgi, upload
 
 pytestmark = pytest.mark.django_db
 
@@ -168,7 +168,7 @@ def test_a_batch_whose_object_is_gone_fails_as_file_not_found(bucket, queue, own
 
 
 def test_a_file_larger_than_one_part_is_written_in_parts_and_read_back(bucket, owner):
-    from scheduler.files import file_create, file_lines, file_open
+    from scheduler.batches.files import file_create, file_lines, file_open
 
     line = b'{"custom_id": "x", "pad": "' + b"p" * 1000 + b'"}\n'
     per_chunk = 1024
@@ -190,7 +190,7 @@ def test_a_file_larger_than_one_part_is_written_in_parts_and_read_back(bucket, o
 
 
 def test_a_write_past_its_limit_in_the_second_part_leaves_no_object_or_part(bucket, owner):
-    from scheduler.files import FileTooLarge, file_create
+    from scheduler.batches.files import FileTooLarge, file_create
 
     mib = b"x" * 1024 * 1024
     with pytest.raises(FileTooLarge):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.storage import ChunksReader, iter_lines
+from scheduler.batches.storage import ChunksReader, iter_lines
 
 
 @given(st.binary(max_size=300), st.integers(min_value=1, max_value=40))

@@ -6,10 +6,10 @@ import pynvml
 import pytest
 from django.core.management import call_command
 
+from capacity.units import GIB
 from scheduler import gpu_inventory
 from scheduler.gpu_inventory import GpuInfo, Inventory, discover_gpus, sample_gpus
 from scheduler.models import Device, DeviceKind
-from scheduler.units import GIB
 
 
 def nvml_error(code: int):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from scheduler.granted import GrantedStream
+from scheduler.online.granted import GrantedStream
 
 
 def test_a_newer_grant_takes_the_report_and_the_other_words_keep_their_order() -> None:

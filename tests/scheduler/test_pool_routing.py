@@ -11,12 +11,12 @@ import time
 import pytest
 import redis
 
+from fairqueue.domain import JobRejected
+from fairqueue.queue import FairQueue
 from scheduler.engines import supervisor
 from scheduler.engines.supervisor import Timeouts, engine_stop
-from scheduler.fairqueue.domain import JobRejected
-from scheduler.fairqueue.queue import FairQueue
 from scheduler.models import Device, Engine, EngineStatus
-from scheduler.pools import (
+from scheduler.pools.policies import (
     enqueue_resyncing,
     fair_queue,
     sync_all_engines,

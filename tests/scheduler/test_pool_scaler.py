@@ -16,7 +16,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from config.errors import DomainError
+from plumbing.errors import DomainError
+from scheduler import worker_tasks
 from scheduler.engines.supervisor import EngineStartError
 from scheduler.models import (
     DecisionOutcome,
@@ -26,7 +27,8 @@ from scheduler.models import (
     Pool,
     ScalingDecision,
 )
-from scheduler.pools import fair_queue, sync_all_engines, sync_tenant
+from scheduler.pools import scaler
+from scheduler.pools.policies import fair_queue, sync_all_engines, sync_tenant
 from scheduler.selectors import pool_engines, scaling_decisions
 from scheduler.services import (
     engine_set_status,
@@ -72,10 +74,14 @@ def sent(monkeypatch) -> list[dict[str, Any]]:
     """Node tasks the scaler sends, instead of a broker."""
     calls: list[dict[str, Any]] = []
 
-    def apply_async(*, args: tuple[Any, ...], queue: str, expires: float) -> None:
-        calls.append({"args": args, "queue": queue, "expires": expires})
+    class Celery:
+        def send_task(
+            self, name: str, *, args: tuple[Any, ...], queue: str, expires: float
+        ) -> None:
+            assert name == worker_tasks.SCALE_ENGINE
+            calls.append({"args": args, "queue": queue, "expires": expires})
 
-    monkeypatch.setattr(scaling_tasks.scale_engine, "apply_async", apply_async)
+    monkeypatch.setattr(worker_tasks, "current_app", Celery())
     return calls
 
 
@@ -97,14 +103,14 @@ def supervisor_calls(monkeypatch) -> list[tuple[str, str]]:
         engine = Engine.objects.get(name=name)
         return engine_set_status(engine=engine, status=EngineStatus.STOPPED, detail="stopped")
 
-    monkeypatch.setattr(scaling_tasks, "engine_start", start)
-    monkeypatch.setattr(scaling_tasks, "engine_stop", stop)
+    monkeypatch.setattr(scaler, "engine_start", start)
+    monkeypatch.setattr(scaler, "engine_stop", stop)
     return calls
 
 
 def tick(pool: Pool, at, capture) -> ScalingDecision | None:
     with capture(execute=True):
-        return scaling_tasks.scale_pool(pool, fair_queue().snapshot(), at)
+        return scaler.scale_pool(pool, fair_queue().snapshot(), at)
 
 
 def test_engines_are_registered_from_the_pools_launch_profile(pool):
@@ -154,7 +160,7 @@ def test_the_tick_starts_the_hot_engines_on_their_node_and_logs_why(
         {
             "args": (decision.pk, "tiny-llama-1", "start"),
             "queue": "gpushare.node.node-a",
-            "expires": pytest.approx(scaling_tasks.pending_timeout_s()),
+            "expires": pytest.approx(scaler.pending_timeout_s()),
         }
     ]
     # While it is being carried out, nothing else is decided (and the hold is not logged).
@@ -231,7 +237,7 @@ def test_a_failed_start_is_logged_with_why_and_retried_only_after_a_pause(
         engine_set_status(engine=engine, status=EngineStatus.FAILED, detail="died")
         raise EngineStartError("the engine died while starting")
 
-    monkeypatch.setattr(scaling_tasks, "engine_start", fail)
+    monkeypatch.setattr(scaler, "engine_start", fail)
     now = timezone.now()
     decision = tick(pool, now, django_capture_on_commit_callbacks)
     assert decision is not None
@@ -266,7 +272,7 @@ def test_a_decision_no_node_carried_out_in_time_fails_and_frees_the_pool(
     # Its failure was long ago: the tick started the engine again.
     assert result == {MODEL: "start"}
     # A late node task changes nothing about the expired decision.
-    scaling_tasks.scaling_decision_engine_done(decision_id=stale.pk, engine="x", ok=True)
+    scaler.scaling_decision_engine_done(decision_id=stale.pk, engine="x", ok=True)
     stale.refresh_from_db()
     assert stale.outcome == DecisionOutcome.FAILED
 

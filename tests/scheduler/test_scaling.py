@@ -7,7 +7,7 @@ from datetime import UTC, datetime, time, timedelta
 
 import pytest
 
-from scheduler.scaling import (
+from scheduler.pools.scaling import (
     Decision,
     EngineView,
     LastAction,

@@ -26,10 +26,10 @@ import pytest
 import uvloop
 from django.db.backends.utils import CursorWrapper
 
-from config import wire
-from config.redis import redis_client
-from scheduler import online
-from scheduler.pools import fair_queue
+from plumbing import wire
+from plumbing.redis import redis_client
+from scheduler.online import admission as online
+from scheduler.pools.policies import fair_queue
 from tenants import services
 from tenants.services import tenant_update
 from tests.factories import TenantFactory
@@ -78,7 +78,7 @@ def _the_platforms(filename: str) -> bool:
 @pytest.fixture(params=["asyncio", "uvloop"])
 def loop_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> LoopGuard:
     """Installed for the test; the test checks it after its loop ran (`LoopGuard.check`).
-    The loop is asyncio's, then uvloop's (the web's under `config.serve`)."""
+    The loop is asyncio's, then uvloop's (the web's under `plumbing.serve`)."""
     return guarding(LoopGuard(uvloop=request.param == "uvloop"), monkeypatch)
 
 

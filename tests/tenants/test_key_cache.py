@@ -14,9 +14,9 @@ import redis
 from django.core.exceptions import SynchronousOnlyOperation
 from django.utils import timezone
 
-from config import change_marks
-from config.change_marks import counts
-from config.errors import InvalidApiKey
+from plumbing import change_marks
+from plumbing.change_marks import counts
+from plumbing.errors import InvalidApiKey
 from tenants import services
 from tenants.models import ApiKey, Tenant
 from tenants.services import IssuedKey
@@ -85,7 +85,7 @@ def test_on_the_webs_loop_a_key_that_ran_out_is_refreshed_by_a_thread_then_used(
     short_lived: None, owner_key: IssuedKey, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The loop neither reads the mark (Redis) nor the row: it hands the step to a thread
-    (scheduler.online does), and uses the entry that thread refreshed."""
+    (scheduler.online.admission does), and uses the entry that thread refreshed."""
     monkeypatch.delenv("DJANGO_ALLOW_ASYNC_UNSAFE", raising=False)
     services.api_key_authenticate(raw_key=owner_key.raw_key)  # read, and its use written
     run_out()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.conf import settings
 
-from config.aio_redis import AsyncRedis
+from plumbing.aio_redis import AsyncRedis
 from tenants.limits import (
     Admission,
     BudgetExhausted,

@@ -2,7 +2,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection
 
-from config.errors import InvalidApiKey
+from plumbing.errors import InvalidApiKey
 from tenants import services
 from tenants.keys import hash_key
 from tenants.models import ApiKey, Tenant

@@ -14,14 +14,14 @@ import time
 
 import pytest
 
-from scheduler.fairqueue import EnginePolicy, FairQueue, Job, TenantPolicy
-from scheduler.pools import fair_queue
+from fairqueue import EnginePolicy, FairQueue, Job, TenantPolicy
+from scheduler.pools.policies import fair_queue
+from telemetry.sampling import unreserved_prompt_tokens
 from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
 from workers import dispatch as dispatch_module
 from workers import tasks
 from workers.dispatch import Dispatcher
 from workers.runner import Run, RunResult
-from workers.telemetry import unreserved_prompt_tokens
 
 POOL = "m"
 UNIT = 256 * 1024 * 1024

@@ -11,10 +11,10 @@ import subprocess
 
 import pytest
 
-from scheduler.fairqueue.queue import FairQueue
+from fairqueue.queue import FairQueue
 from scheduler.gpu_inventory import node_name
 from scheduler.models import Device, Engine, EngineStatus
-from scheduler.pools import fair_queue, sync_all_engines, sync_tenant
+from scheduler.pools.policies import fair_queue, sync_all_engines, sync_tenant
 from tests.factories import TenantFactory
 from workers.dispatch import Dispatcher, run_picked
 from workers.runner import Run, RunResult

@@ -3,7 +3,7 @@ from the engine itself and ends as the waiter's report says (the tokens; the eng
 refusal, answered to the waiter; the engine lost, the job given back); a job whose answer a
 web already gave is only released; a run whose web went silent gives up, unless the web's
 report is in the job. The web here is the test, answering through the queue's own script
-(`AsyncFairQueue.answer`), as scheduler/granted.py does; tests/e2e drive the real web and
+(`AsyncFairQueue.answer`), as scheduler/online/granted.py does; tests/e2e drive the real web and
 engine."""
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from django.conf import settings as django_settings
 
-from config.aio_redis import AsyncRedis
+from fairqueue import EnginePolicy, FairQueue, TenantPolicy
+from fairqueue.aio import AsyncFairQueue
+from fairqueue.inbox import Inbox, parse_event
+from plumbing.aio_redis import AsyncRedis
 from scheduler.engines.aio_client import AsyncEngineClient
-from scheduler.fairqueue import EnginePolicy, FairQueue, TenantPolicy
-from scheduler.fairqueue.aio import AsyncFairQueue
-from scheduler.fairqueue.inbox import Inbox, parse_event
-from scheduler.granted import Report
-from scheduler.pools import fair_queue
+from scheduler.online.granted import Report
+from scheduler.pools.policies import fair_queue
 from workers import runner
 from workers.runner import Relay, Run, RunResult, run_job
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import redis
 
-from scheduler.fairqueue import EnginePolicy, FairQueue, FairQueueConfig, Job, TenantPolicy
+from fairqueue import EnginePolicy, FairQueue, FairQueueConfig, Job, TenantPolicy
 from workers import dispatch as dispatch_module
 from workers.dispatch import Dispatcher
 from workers.runner import Run, RunResult

@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from config.errors import DomainError
+from plumbing.errors import DomainError
 from scheduler.engines.auth import engine_api_key
 from scheduler.engines.supervisor import (
     engine_health_check,

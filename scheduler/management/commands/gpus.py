@@ -7,12 +7,12 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
-from config.errors import DomainError
+from capacity.units import format_units
+from plumbing.errors import DomainError
 from scheduler.gpu_inventory import discover_gpus, node_name
 from scheduler.models import Device
 from scheduler.selectors import device_list, device_room
 from scheduler.services import device_register_cpu, device_register_gpus
-from scheduler.units import format_units
 
 
 class Command(BaseCommand):

@@ -16,9 +16,10 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from config.errors import DomainError
+from plumbing.errors import DomainError
 from scheduler.gpu_inventory import node_name
 from scheduler.models import Pool, ScalingDecision
+from scheduler.pools.scaler import scaler_tick
 from scheduler.selectors import (
     device_get,
     pool_engines,
@@ -129,8 +130,6 @@ class Command(BaseCommand):
             elif action == "show":
                 self._show_all(options)
             else:
-                from workers.scaling_tasks import scaler_tick
-
                 self.stdout.write(json.dumps(scaler_tick()))
         except DomainError as exc:
             raise CommandError(exc.message) from None

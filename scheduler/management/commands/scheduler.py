@@ -16,9 +16,9 @@ import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from scheduler.fairqueue import FairQueue, FairQueueConfig, config_from_settings
-from scheduler.fairqueue.simulate import SimTenant, simulate
-from scheduler.units import UNIT_BYTES, format_units
+from capacity.units import UNIT_BYTES, format_units
+from fairqueue import FairQueue, FairQueueConfig, config_from_settings
+from fairqueue.simulate import SimTenant, simulate
 
 
 def _units(nbytes: int) -> str:

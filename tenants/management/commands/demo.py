@@ -16,9 +16,9 @@ from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandParser
 from rest_framework.authtoken.models import Token
 
-from config.env import env_str
-from config.errors import InvalidApiKey
-from scheduler.request_classes import REQUEST_CLASSES
+from plumbing.env import env_str
+from plumbing.errors import InvalidApiKey
+from protocol.classes import REQUEST_CLASSES
 from tenants import services
 from tenants.models import Tenant
 

@@ -7,8 +7,8 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from config.errors import DomainError
-from scheduler.request_classes import REQUEST_CLASSES, RequestClass
+from plumbing.errors import DomainError
+from protocol.classes import REQUEST_CLASSES, RequestClass
 from tenants import selectors, services
 from tenants.management.commands.tenant import validation_message
 from tenants.management.output import print_json, print_table

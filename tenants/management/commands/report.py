@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.dateparse import parse_date, parse_datetime
 
-from config.errors import DomainError
+from plumbing.errors import DomainError
 from tenants import reports, selectors
 from tenants.management.output import print_json, print_table
 

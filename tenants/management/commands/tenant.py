@@ -8,10 +8,10 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from config.errors import DomainError
-from scheduler.request_classes import REQUEST_CLASSES
-from scheduler.request_fields import OPTIONAL_FIELDS
-from scheduler.units import format_units
+from capacity.units import format_units
+from plumbing.errors import DomainError
+from protocol.classes import REQUEST_CLASSES
+from protocol.fields import OPTIONAL_FIELDS
 from tenants import selectors, services
 from tenants.management.output import print_json, print_table
 from tenants.models import BudgetPeriod, Tenant

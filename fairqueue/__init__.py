@@ -1,0 +1,34 @@
+"""The fair queue: hierarchical weighted fair queueing and memory admission in Redis.
+
+Plain Python (no Django). `FairQueue` (queue.py) is the API; `keys.py` names every Redis
+key; `lua/` holds the atomic steps; `model.py` is a pure reference of the pick rule.
+"""
+
+from fairqueue.domain import (
+    CheckReport,
+    EnginePolicy,
+    FairQueueConfig,
+    Job,
+    JobRejected,
+    JobState,
+    QueueRow,
+    Snapshot,
+    TenantPolicy,
+    config_from_settings,
+)
+from fairqueue.queue import FairQueue, LastWords
+
+__all__ = [
+    "CheckReport",
+    "EnginePolicy",
+    "FairQueue",
+    "FairQueueConfig",
+    "Job",
+    "JobRejected",
+    "JobState",
+    "LastWords",
+    "QueueRow",
+    "Snapshot",
+    "TenantPolicy",
+    "config_from_settings",
+]

@@ -1,0 +1,171 @@
+"""`AsyncFairQueue`: the fair queue's calls from an event loop (the web's, the dispatcher's).
+
+The same scripts, arguments and answers as `FairQueue` (which builds them: one rule, two
+ways to send it), sent over `plumbing.aio_redis.AsyncRedis` so that no call blocks the loop
+that makes it. Reads and writes that run off the hot path (policies, snapshots, checks)
+stay on `FairQueue`.
+
+Beyond `FairQueue`, calls made for many jobs at once are one round trip for all of them:
+`renew_leases`, `job_states` and `publish_many` (a dispatcher holds hundreds of runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from fairqueue.domain import DispatchLoop, FairQueueConfig, Job
+from fairqueue.keys import Keys
+from fairqueue.queue import (
+    FairQueue,
+    LastWords,
+    _text,
+    pick_answer,
+    release_args,
+    release_pick_answer,
+)
+from plumbing.aio_redis import AsyncRedis
+
+
+class AsyncFairQueue:
+    def __init__(self, queue: FairQueue, client: AsyncRedis) -> None:
+        self.queue = queue
+        self.redis = client
+
+    @property
+    def config(self) -> FairQueueConfig:
+        return self.queue.config
+
+    @property
+    def keys(self) -> Keys:
+        return self.queue.keys
+
+    async def _run(self, name: str, *args: Any) -> Any:
+        script = self.queue.script(name)
+        return await self.redis.evalsha(
+            script.sha, script.script, 0, *self.queue.script_head(), *args
+        )
+
+    async def _run_many(self, name: str, calls: Sequence[Sequence[Any]]) -> list[Any]:
+        """One script run per argument list, in one round trip."""
+        if not calls:
+            return []
+        script, head = self.queue.script(name), self.queue.script_head()
+        commands = [("EVALSHA", script.sha, 0, *head, *args) for args in calls]
+        try:
+            return await self.redis.pipeline(commands)
+        except redis.exceptions.NoScriptError:  # none of them ran (Redis forgot them all)
+            await self.redis.call("SCRIPT", "LOAD", script.script)
+            return await self.redis.pipeline(commands)
+
+    # --- the web ------------------------------------------------------------------------
+
+    async def enqueue_summoning(self, **fields: Any) -> tuple[Job, bool]:
+        """`FairQueue.enqueue_summoning`, from an event loop."""
+        args = self.queue.enqueue_args(summon=True, **fields)
+        return self.queue.enqueue_answer(await self._run("enqueue", *args), args)
+
+    async def cancel(self, job_id: str, reason: str = "cancelled") -> str:
+        return _text(await self._run("cancel", job_id, reason))
+
+    async def answer(self, job_id: str, report: str, inbox: str, *, keep: bool) -> None:
+        """A granted stream's report to `inbox`; kept in the job too (`keep`: the answer was
+        given whole). See lua/answer.lua."""
+        await self._run("answer", job_id, report, inbox, "1" if keep else "0")
+
+    async def answered(self, job_id: str) -> str:
+        """The report of a whole answer that a web left in the job's hash ('' = none)."""
+        return _text(await self.redis.call("HGET", self.keys.job(job_id), "answered") or b"")
+
+    async def get_job(self, job_id: str) -> Job | None:
+        flat = await self.redis.call("HGETALL", self.keys.job(job_id))
+        fields = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return Job.from_hash(job_id, fields) if fields else None
+
+    # --- the dispatcher ------------------------------------------------------------------
+
+    async def pick(self, pool: str, *, loop: DispatchLoop | None = None) -> Job | None:
+        answer = await self._run("pick", *self.queue.pick_args(pool, "", loop))
+        return pick_answer(answer, loop)
+
+    async def release(
+        self,
+        job: Job,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        last_words: LastWords | None = None,
+    ) -> bool:
+        args = release_args(job.job_id, prompt_tokens, completion_tokens, job.attempt, last_words)
+        return bool(await self._run("release", *args))
+
+    async def release_and_pick(
+        self,
+        job: Job,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        pool: str,
+        last_words: LastWords | None = None,
+    ) -> tuple[bool, Job | None]:
+        args = self.queue.release_pick_args(
+            job, prompt_tokens, completion_tokens, pool, "", None, last_words
+        )
+        return release_pick_answer(await self._run("release_pick", *args), None)
+
+    async def requeue(self, job: Job, reason: str) -> bool:
+        return bool(
+            await self._run("requeue", *self.queue.requeue_args(job.job_id, job.attempt, reason))
+        )
+
+    async def renew_leases(self, jobs: Sequence[Job]) -> list[bool]:
+        """Each job's lease extended, in one round trip; False where the job is no longer
+        the caller's (cancelled, or reaped and running elsewhere): stop running it."""
+        calls = [self.queue.renew_args(job.job_id, job.attempt) for job in jobs]
+        return [bool(answer) for answer in await self._run_many("renew", calls)]
+
+    async def jobs_still_running(self, jobs: Sequence[Job]) -> list[bool]:
+        """Whether each job is still running as its attempt (one round trip for all)."""
+        if not jobs:
+            return []
+        commands = [("HMGET", self.keys.job(job.job_id), "state", "attempt") for job in jobs]
+        answers = await self.redis.pipeline(commands)
+        return [
+            state is not None and _text(state) == "running" and int(attempt or 0) == job.attempt
+            for job, (state, attempt) in zip(jobs, answers, strict=True)
+        ]
+
+    async def publish_many(self, events: list[tuple[str, str | bytes]]) -> None:
+        """Appends entries ((list key, entry), in order) to their lists, in one round trip
+        (see `FairQueue.publish_commands`)."""
+        if events:
+            await self.redis.pipeline(self.queue.publish_commands(events))
+
+    async def wait_for_work(
+        self, pool: str, loop: DispatchLoop, timeout_s: float, stop: asyncio.Event
+    ) -> bool:
+        """`FairQueue.wait_for_work`, from an event loop."""
+        idle, wake = self.keys.idle_loops(pool), self.keys.loop_wake(loop.token)
+        waits_until = time.monotonic() + timeout_s
+        while not stop.is_set():
+            left = waits_until - time.monotonic()
+            if left <= 0:
+                break
+            slice_s = self.queue.wait_slice_s(left)
+            commands = self.queue.renew_and_wait_commands(idle, wake, loop.token, slice_s)
+            try:
+                renewed, woken = await self.redis.pipeline(commands, block_s=slice_s)
+            except redis.TimeoutError:  # the client's read timeout, on a stalled machine
+                continue
+            if woken is not None:
+                return True
+            if not renewed:
+                break
+        return await self.stop_waiting(pool, loop)
+
+    async def stop_waiting(self, pool: str, loop: DispatchLoop) -> bool:
+        return bool(await self._run("stop_waiting", pool, loop.token))

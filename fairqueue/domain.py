@@ -1,0 +1,236 @@
+"""The fair queue's records: jobs, policies, configuration, reports. Plain Python."""
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.classes import REQUEST_CLASSES, RequestClass
+
+DEFAULT_CLASS_WEIGHTS: dict[str, float] = {
+    RequestClass.INTERACTIVE: 8.0,
+    RequestClass.STANDARD: 3.0,
+    RequestClass.OFFLINE: 1.0,
+}
+DEFAULT_QUEUE_TIMEOUTS_S: dict[str, float] = {
+    RequestClass.INTERACTIVE: 30.0,
+    RequestClass.STANDARD: 300.0,
+    RequestClass.OFFLINE: 24 * 3600.0,
+}
+
+
+class JobState:
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True)
+class TenantPolicy:
+    """What the scheduler needs of a tenant; amounts are bytes (1 unit = 256 MiB)."""
+
+    weight: float
+    quota_bytes: int
+    burst_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.weight <= 0:
+            raise ValueError("a tenant's weight must be positive")
+        if self.quota_bytes < 0 or self.burst_bytes < 0:
+            raise ValueError("quota and burst cannot be negative")
+
+
+@dataclass(frozen=True)
+class EnginePolicy:
+    """One engine as admission sees it. `load` is 0..1 (see DESIGN.md, Load).
+
+    An engine runs `max_num_seqs` requests at once (its seats) and holds up to
+    `queued` more in its own waiting queue, each with its KV reserved like a running one: a
+    seat that frees is refilled inside the engine at its next step, while the next pick
+    is still on its way (docs/decisions/0002-a-queue-inside-each-engine.md)."""
+
+    engine_id: str
+    pool: str
+    kv_budget_bytes: int
+    max_num_seqs: int
+    offline_load_threshold: float = 0.4
+    load: float = 0.0
+    queued: int = 0
+    # The offline gate (lua/lib.lua `offline_gate`): once the load closed it, it reopens
+    # below offline_load_threshold - offline_gate_margin; offline work leaves
+    # `offline_reserve` of the seats free for online work arriving.
+    offline_gate_margin: float = 0.0
+    offline_reserve: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.kv_budget_bytes, self.max_num_seqs, self.queued, self.offline_reserve) < 0:
+            raise ValueError(
+                "an engine's KV budget, max_num_seqs, queue and offline reserve cannot be negative"
+            )
+
+    @property
+    def max_in_flight(self) -> int:
+        return self.max_num_seqs + self.queued
+
+
+@dataclass(frozen=True)
+class FairQueueConfig:
+    class_weights: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_CLASS_WEIGHTS))
+    queue_timeouts_s: Mapping[str, float] = field(
+        default_factory=lambda: dict(DEFAULT_QUEUE_TIMEOUTS_S)
+    )
+    # Short leases renewed by the worker while it streams: a dead worker's job comes back soon.
+    lease_s: float = 120.0
+    # How long a finished job's record and its event list stay readable (idempotent release,
+    # a late waiter, the result of a duplicate run).
+    keep_s: int = 24 * 3600
+    prefix: str = "gs:fq:"
+    # A dispatch loop waiting for work is registered as idle for this long, renewed while it
+    # waits (`FairQueue.wait_for_work`): a loop that died waiting stops being woken soon.
+    loop_idle_s: float = 5.0
+    # A summoned loop that has not started within this long no longer stops the next summons.
+    loop_summon_s: int = 5
+
+    def __post_init__(self) -> None:
+        for name in REQUEST_CLASSES:
+            if self.class_weights.get(name, 0) <= 0:
+                raise ValueError(f"class weight of {name} must be positive")
+            if self.queue_timeouts_s.get(name, 0) <= 0:
+                raise ValueError(f"queue timeout of {name} must be positive")
+
+    def weight_args(self) -> list[float]:
+        return [float(self.class_weights[name]) for name in REQUEST_CLASSES]
+
+    def timeout_args(self) -> list[float]:
+        return [float(self.queue_timeouts_s[name]) for name in REQUEST_CLASSES]
+
+
+@dataclass
+class DispatchLoop:
+    """A worker's picker of a pool (workers/dispatch.py) as the queue knows it: its token (its
+    wake-up list), whether its first pick is still to come, and whether that pick asked it to
+    summon the next picker (more work waited and no picker was idle)."""
+
+    token: str
+    starting: bool = True
+    summon_next: bool = False
+
+
+def config_from_settings(settings: Any) -> FairQueueConfig:
+    """Builds the config from Django settings (duck-typed: this package imports no Django)."""
+    weights = list(getattr(settings, "GPUSHARE_SCHED_CLASS_WEIGHTS", []))
+    timeouts = getattr(settings, "GPUSHARE_SCHED_QUEUE_TIMEOUTS_S", DEFAULT_QUEUE_TIMEOUTS_S)
+    return FairQueueConfig(
+        class_weights=dict(zip(REQUEST_CLASSES, map(float, weights), strict=True))
+        if weights
+        else dict(DEFAULT_CLASS_WEIGHTS),
+        queue_timeouts_s=dict(timeouts),
+        lease_s=float(getattr(settings, "GPUSHARE_SCHED_LEASE_S", 120.0)),
+        keep_s=int(getattr(settings, "GPUSHARE_SCHED_KEEP_S", 24 * 3600)),
+        prefix=str(getattr(settings, "GPUSHARE_SCHED_KEY_PREFIX", "gs:fq:")),
+    )
+
+
+class JobRejected(Exception):
+    """The job can never run as asked; `reason` is a stable code for the API to map."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: str
+    tenant: str
+    pool: str
+    request_class: str
+    prompt_tokens: int
+    max_tokens: int
+    kv_bytes: int
+    payload: str = ""
+    state: str = JobState.QUEUED
+    enqueued_at: float = 0.0
+    deadline: float = 0.0
+    engine_id: str = ""
+    attempt: int = 0
+    lease_deadline: float | None = None
+    charged: float = 0.0
+    reason: str = ""
+    # The report of a web that streamed the job's answer from its engine itself (a granted
+    # stream, see scheduler/online/granted.py), kept for a run that picks it after its first
+    # run's worker died: the answer was given; only its release is left.
+    answered: str = ""
+    # The sequences it runs (n samples of each of its prompts): the engine seats it takes.
+    seqs: int = 1
+
+    @classmethod
+    def from_hash(cls, job_id: str, fields: Mapping[str, str]) -> "Job":
+        lease = fields.get("lease_deadline", "")
+        return cls(
+            job_id=job_id,
+            tenant=fields["tenant"],
+            pool=fields["pool"],
+            request_class=fields["cls"],
+            prompt_tokens=int(fields["prompt_tokens"]),
+            max_tokens=int(fields["max_tokens"]),
+            kv_bytes=int(fields["kv_bytes"]),
+            payload=fields.get("payload", ""),
+            state=fields["state"],
+            enqueued_at=float(fields.get("enqueued_at", 0)),
+            deadline=float(fields.get("deadline", 0)),
+            engine_id=fields.get("engine", ""),
+            attempt=int(fields.get("attempt", 0)),
+            lease_deadline=float(lease) if lease else None,
+            charged=float(fields.get("charged", 0)),
+            reason=fields.get("reason", ""),
+            answered=fields.get("answered", ""),
+            seqs=int(fields.get("seqs") or 1),
+        )
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    """Reserved totals against what the in-flight jobs hold; `problems` empty = no drift."""
+
+    tenant_reserved: dict[str, tuple[int, int]]  # tenant -> (recorded, expected) bytes
+    engine_reserved: dict[str, tuple[int, int, int, int]]  # bytes and jobs, recorded/expected
+    problems: list[str]
+    repaired: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One line of the status: a tenant's jobs in one pool and class."""
+
+    pool: str
+    request_class: str
+    tenant: str
+    waiting: int
+    running: int
+    oldest_wait_s: float | None
+    counter: float
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    queues: list[QueueRow]
+    tenant_reserved_bytes: dict[str, int]
+    engine_reserved_bytes: dict[str, int]
+    engine_inflight: dict[str, int]
+    # Of engine_inflight, the seats offline jobs hold.
+    engine_offline: dict[str, int] = field(default_factory=dict)
+
+
+def payload_summary(payload: Mapping[str, Any]) -> str:
+    """What a job keeps of its payload once it is over (JSON): everything but the request's
+    `body`, which can be megabytes and is no one's business after the run; the ledger's fields
+    (tenant, key, model, endpoint, batch, when it came) stay for the rows written later."""
+    return json.dumps({name: value for name, value in payload.items() if name != "body"})

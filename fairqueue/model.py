@@ -1,0 +1,280 @@
+"""A pure-Python reference of the pick rule in `lua/pick.lua`, for one pool, without time.
+
+The Lua scripts are what runs; this model states the same rule in plain Python so tests
+can check its properties (hypothesis) without Redis and compare the scripts' decisions with
+it step by step. Counters use the same float operations in the same order as the scripts,
+so the two agree exactly, ties included (tenants tie-break by name, as a Redis sorted set
+orders equal scores).
+"""
+
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from fairqueue.domain import EnginePolicy, JobRejected, TenantPolicy
+from protocol.classes import REQUEST_CLASSES, RequestClass
+
+
+def token_charge(prompt_tokens: int, output_tokens: int, weight: float) -> float:
+    """VTC service of a request: output tokens cost twice what prompt tokens do."""
+    return (prompt_tokens + 2 * output_tokens) / weight
+
+
+def lifted_counter(counter: float, backlogged: Iterable[float], floor: float) -> float:
+    """The counter of a tenant that becomes backlogged: no less than the least backlogged
+    counter (or the floor when none is backlogged), so idle time is not banked."""
+    others = list(backlogged)
+    return max(counter, min(others) if others else floor)
+
+
+def class_order(clock: Mapping[str, float], open_classes: Iterable[str]) -> list[str]:
+    """Classes to try, least class virtual time first; ties go to the higher class."""
+    rank = {name: i for i, name in enumerate(REQUEST_CLASSES)}
+    return sorted(open_classes, key=lambda name: (clock.get(name, 0.0), rank[name]))
+
+
+def offline_gate(engine: EnginePolicy, *, inflight: int, offline: int, load_closed: bool) -> str:
+    """'' while offline work may be picked for the engine, else what holds its gate shut:
+    'online_seats', 'load' or 'seats' (`lua/lib.lua` offline_gate; docs/ARCHITECTURE.md)."""
+    threshold = engine.offline_load_threshold
+    if inflight - offline >= threshold * engine.max_num_seqs:
+        return "online_seats"
+    if engine.load >= threshold:
+        return "load"
+    if load_closed and engine.load >= threshold - engine.offline_gate_margin:
+        return "load"
+    if inflight >= engine.max_num_seqs - engine.offline_reserve:
+        return "seats"
+    return ""
+
+
+def jain_index(values: Iterable[float]) -> float:
+    """Jain's fairness index: 1.0 when all values are equal, 1/n when one has everything."""
+    xs = list(values)
+    square_of_sum = sum(xs) ** 2
+    sum_of_squares = sum(x * x for x in xs)
+    return square_of_sum / (len(xs) * sum_of_squares) if sum_of_squares else 1.0
+
+
+@dataclass
+class ModelJob:
+    job_id: str
+    tenant: str
+    request_class: str
+    prompt_tokens: int
+    max_tokens: int
+    kv_bytes: int
+    state: str = "queued"
+    engine_id: str = ""
+    charged: float = 0.0
+    weight: float = 1.0
+    seqs: int = 1  # engine seats it takes
+
+
+class FairModel:
+    """The scheduler's state and rule for one pool, in memory."""
+
+    def __init__(
+        self,
+        class_weights: Mapping[str, float],
+        tenants: Mapping[str, TenantPolicy],
+        engines: Mapping[str, EnginePolicy],
+    ) -> None:
+        self.class_weights = dict(class_weights)
+        self.tenants = dict(tenants)
+        self.engines = dict(engines)
+        self.jobs: dict[str, ModelJob] = {}
+        self.queues: dict[tuple[str, str], deque[str]] = {}
+        self.counters: dict[tuple[str, str], float] = {}
+        self.floor: dict[str, float] = {}
+        self.clock: dict[str, float] = {}
+        self.tenant_reserved: dict[str, int] = dict.fromkeys(self.tenants, 0)
+        self.engine_reserved: dict[str, int] = dict.fromkeys(self.engines, 0)
+        self.engine_inflight: dict[str, int] = dict.fromkeys(self.engines, 0)
+        self.engine_offline: dict[str, int] = dict.fromkeys(self.engines, 0)  # of inflight
+        self.load_closed: dict[str, bool] = dict.fromkeys(self.engines, False)
+
+    # --- queues and counters ----------------------------------------------------------------
+
+    def _backlogged(self, request_class: str) -> list[str]:
+        names = [t for (c, t), q in self.queues.items() if c == request_class and q]
+        return sorted(names, key=lambda t: (self.counters[(request_class, t)], t))
+
+    def _push(self, job: ModelJob, at_head: bool) -> None:
+        key = (job.request_class, job.tenant)
+        queue = self.queues.setdefault(key, deque())
+        if not queue:
+            others = [
+                self.counters[(job.request_class, t)] for t in self._backlogged(job.request_class)
+            ]
+            self.counters[key] = lifted_counter(
+                self.counters.get(key, 0.0), others, self.floor.get(job.request_class, 0.0)
+            )
+        if at_head:
+            queue.appendleft(job.job_id)
+        else:
+            queue.append(job.job_id)
+
+    def _remove(self, job: ModelJob) -> None:
+        key = (job.request_class, job.tenant)
+        self.queues[key].remove(job.job_id)
+        if not self._backlogged(job.request_class):
+            self.floor[job.request_class] = self.counters[key]
+
+    def _recharge(self, job: ModelJob, new_charge: float) -> None:
+        delta = new_charge - job.charged
+        if delta != 0:
+            key = (job.request_class, job.tenant)
+            self.counters[key] = self.counters[key] + delta
+        job.charged = new_charge
+
+    def _free(self, job: ModelJob) -> None:
+        self.tenant_reserved[job.tenant] -= job.kv_bytes
+        self.engine_reserved[job.engine_id] -= job.kv_bytes
+        self.engine_inflight[job.engine_id] -= job.seqs
+        if job.request_class == RequestClass.OFFLINE:
+            self.engine_offline[job.engine_id] -= job.seqs
+
+    # --- decisions ----------------------------------------------------------------------------
+
+    def enqueue(self, job: ModelJob) -> None:
+        policy = self.tenants.get(job.tenant)
+        if policy is None:
+            raise JobRejected("unknown_tenant", job.tenant)
+        if job.kv_bytes > max(e.kv_budget_bytes for e in self.engines.values()):
+            raise JobRejected("larger_than_engine", job.job_id)
+        if job.kv_bytes > policy.quota_bytes + policy.burst_bytes:
+            raise JobRejected("larger_than_quota", job.job_id)
+        self.jobs[job.job_id] = job
+        self._push(job, at_head=False)
+
+    def _candidate(
+        self, request_class: str, free_bytes: int, allow_burst: bool
+    ) -> tuple[ModelJob | None, bool]:
+        would_burst = False
+        for tenant in self._backlogged(request_class):
+            job = self.jobs[self.queues[(request_class, tenant)][0]]
+            if job.kv_bytes > free_bytes:
+                continue
+            policy = self.tenants[tenant]
+            held = self.tenant_reserved[tenant] + job.kv_bytes
+            if held <= policy.quota_bytes:
+                return job, False
+            if held <= policy.quota_bytes + policy.burst_bytes:
+                if allow_burst:
+                    return job, False
+                would_burst = True
+        return None, would_burst
+
+    def set_load(self, engine_id: str, load: float) -> bool:
+        """The samplers' load, with the gate's hysteresis (`lua/set_load.lua`)."""
+        engine = self.engines[engine_id]
+        threshold = engine.offline_load_threshold
+        closed = load >= threshold or (
+            self.load_closed[engine_id] and load >= threshold - engine.offline_gate_margin
+        )
+        self.engines[engine_id] = replace(engine, load=load)
+        self.load_closed[engine_id] = closed
+        return closed
+
+    def offline_gate(self, engine_id: str) -> str:
+        """'' while offline work may be picked for the engine, else what holds the gate
+        shut: 'online_seats', 'load' or 'seats' (`lua/lib.lua` offline_gate)."""
+        return offline_gate(
+            self.engines[engine_id],
+            inflight=self.engine_inflight[engine_id],
+            offline=self.engine_offline[engine_id],
+            load_closed=self.load_closed[engine_id],
+        )
+
+    def open_classes(self, engine_id: str) -> list[str]:
+        gate_open = self.offline_gate(engine_id) == ""
+        return [c for c in REQUEST_CLASSES if c != RequestClass.OFFLINE or gate_open]
+
+    def choose(self, engine_id: str) -> ModelJob | None:
+        engine = self.engines[engine_id]
+        if self.engine_inflight[engine_id] >= engine.max_in_flight:
+            return None
+        free_bytes = engine.kv_budget_bytes - self.engine_reserved[engine_id]
+        order = class_order(self.clock, self.open_classes(engine_id))
+        burst_possible = False
+        for request_class in order:
+            job, would_burst = self._candidate(request_class, free_bytes, allow_burst=False)
+            if job is not None:
+                return job
+            burst_possible = burst_possible or would_burst
+        if burst_possible:
+            for request_class in order:
+                job, _ = self._candidate(request_class, free_bytes, allow_burst=True)
+                if job is not None:
+                    return job
+        return None
+
+    def pick(self, engine_id: str) -> ModelJob | None:
+        job = self.choose(engine_id)
+        if job is None:
+            return None
+        job.weight = self.tenants[job.tenant].weight
+        self._recharge(job, token_charge(job.prompt_tokens, job.max_tokens, job.weight))
+        self._remove(job)
+        chosen_time = self.clock.get(job.request_class, 0.0)
+        for other in REQUEST_CLASSES:
+            if other != job.request_class and self.clock.get(other, 0.0) < chosen_time:
+                self.clock[other] = chosen_time
+        self.clock[job.request_class] = chosen_time + 1 / self.class_weights[job.request_class]
+        job.state, job.engine_id = "running", engine_id
+        self.tenant_reserved[job.tenant] += job.kv_bytes
+        self.engine_reserved[engine_id] += job.kv_bytes
+        self.engine_inflight[engine_id] += job.seqs
+        if job.request_class == RequestClass.OFFLINE:
+            self.engine_offline[engine_id] += job.seqs
+        return job
+
+    def engines_by_room(self) -> list[str]:
+        """Most free KV first, ties by fewest in flight, then by name."""
+
+        def room(engine_id: str) -> tuple[int, int, str]:
+            free = self.engines[engine_id].kv_budget_bytes - self.engine_reserved[engine_id]
+            return (-free, self.engine_inflight[engine_id], engine_id)
+
+        return sorted(self.engines, key=room)
+
+    def pick_in_pool(self) -> ModelJob | None:
+        """A pick for the pool's engine with the most room that can run a job."""
+        for engine_id in self.engines_by_room():
+            job = self.pick(engine_id)
+            if job is not None:
+                return job
+        return None
+
+    def release(self, job_id: str, prompt_tokens: int, completion_tokens: int) -> bool:
+        job = self.jobs.get(job_id)
+        if job is None or job.state != "running":
+            return False
+        self._free(job)
+        self._recharge(job, token_charge(prompt_tokens, completion_tokens, job.weight))
+        job.state = "done"
+        return True
+
+    def cancel(self, job_id: str) -> str:
+        job = self.jobs.get(job_id)
+        if job is None or job.state not in ("queued", "running"):
+            return ""
+        previous = job.state
+        if previous == "queued":
+            self._remove(job)
+        else:
+            self._free(job)
+            self._recharge(job, token_charge(job.prompt_tokens, 0, job.weight))
+        job.state = "cancelled"
+        return previous
+
+    def requeue(self, job_id: str) -> bool:
+        job = self.jobs.get(job_id)
+        if job is None or job.state != "running":
+            return False
+        self._free(job)
+        self._recharge(job, 0.0)
+        job.state, job.engine_id = "queued", ""
+        self._push(job, at_head=True)
+        return True

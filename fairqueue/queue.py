@@ -1,0 +1,690 @@
+"""`FairQueue`: the scheduler's Python API over Redis.
+
+Every operation that changes who runs next (enqueue, pick, release, cancel, requeue, reap,
+expire, renew) is one Lua script: `lua/lib.lua` (shared helpers) followed by the script's
+own file, registered once per client and called by SHA (redis-py's `Script` falls back to
+EVAL-and-load when Redis answers NOSCRIPT, e.g. after a restart). Time is Redis's own clock
+(TIME inside the script), so hosts whose clocks differ still agree on leases and deadlines;
+tests pass `now` (seconds) to drive the clock.
+
+Pick rule (details in `lua/pick.lua`, pure reference in `model.py`):
+- classes: stride scheduling on a class virtual time per pool; the chosen class advances by
+  1/class_weight, classes with nothing admissible are lifted to the chosen one's time so they
+  do not bank credit; offline is skipped while its gate is shut (`lua/lib.lua` offline_gate:
+  online seats or the samplers' load at the threshold, or no seat left beyond the reserve).
+- tenants in a class: least VTC counter first among backlogged tenants whose head job is
+  admissible. At pick the counter is charged the estimate (prompt + 2 x max_tokens)/weight:
+  an upper bound, so a tenant cannot grab many dispatches while its earlier jobs are still
+  running and uncharged; release replaces it with (prompt + 2 x completion)/weight.
+  A tenant that becomes backlogged is lifted to the least backlogged counter (or, when none
+  is backlogged, to the counter of the last tenant that left), so idle time is not credit.
+- admission: cost <= engine free KV bytes; engine in-flight < max_num_seqs + queued (its
+  seats and its own waiting queue); tenant reserved + cost <= quota, or <= quota + burst
+  while the engine has idle capacity: no waiting job of the pool (in a class open on this
+  engine) that this engine could run within its tenant's quota. Borrowed burst is not
+  pre-empted; it returns when the job ends.
+
+Worker protocol: `pick` -> run -> `renew_lease(job_id, attempt)` every lease/3 or so (False
+means the job was cancelled or reaped: stop) -> `release(job_id, prompt, completion,
+attempt=...)`; or `requeue(job_id, attempt=...)` to give it back. A worker that goes on to
+its next job calls `release_and_pick` instead: the release and the next pick in one round
+trip. Passing `attempt` makes a stale worker (whose lease was reaped and whose job runs again
+elsewhere) harmless: its release, renew and requeue are no-ops. A pick on an unknown engine,
+or on an engine of another pool, raises redis.ResponseError.
+
+Known limits: a job larger than the engine's free KV budget is passed over for smaller ones
+behind it (no reservation ahead for big jobs), so under constant small-job pressure a big
+job can wait until its queue timeout; its tenant's low counter puts it first whenever room
+appears. Cancelling a running job charges its prompt only (its output is unknown here).
+
+Waiter notification: each job has an event list (`Keys.events`). The scheduler appends
+JSON events ``requeued``, ``expired`` (reason ``queue_timeout``) and ``cancelled``; the
+worker appends its run's through `publish` (chunks, ``done``, ``error``, each with the run's
+`attempt`, which tells a requeued run's leftovers apart). A pick tells the waiter nothing:
+it would cost the waiter a round trip per request to learn what the run's first words say.
+The waiting view reads them in order with `wait_event` (BLPOP), so nothing is lost between
+subscribe and publish as it could be with pub/sub.
+"""
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+
+from fairqueue.domain import (
+    CheckReport,
+    DispatchLoop,
+    EnginePolicy,
+    FairQueueConfig,
+    Job,
+    JobRejected,
+    QueueRow,
+    Snapshot,
+    TenantPolicy,
+)
+from fairqueue.inbox import chunk_entry, event_entry
+from fairqueue.keys import Keys, check_id
+from plumbing import wire
+from plumbing.raw_redis import RawRedis
+from protocol.classes import REQUEST_CLASSES
+
+LUA_DIR = Path(__file__).with_name("lua")
+# An idle loop's wait is cut in slices this long at most (and at most half its registration).
+WAIT_SLICE_S = 2.0
+# One per decision; each file in lua/ runs after lib.lua as one atomic script.
+SCRIPT_NAMES: tuple[str, ...] = (
+    *("enqueue", "pick", "release", "release_pick", "cancel", "requeue"),
+    *("reap", "expire", "renew", "check", "stop_waiting", "kick", "answer", "set_load"),
+)
+
+
+@cache
+def script_source(name: str) -> str:
+    return (LUA_DIR / "lib.lua").read_text() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _job_from_json(answer: Any, loop: DispatchLoop | None = None) -> Job:
+    fields = wire.loads(answer)
+    if loop is not None:
+        loop.summon_next = bool(fields.get("summon"))
+    return Job.from_hash(fields["job_id"], fields)
+
+
+@dataclass(frozen=True)
+class LastWords:
+    """What a run leaves when it ends, told in the step that releases it rather than in
+    round trips of their own: its final event for the waiter (as `publish` would append it)
+    and an entry for an outbox list the queue does not own (the usage ledger's pending
+    rows)."""
+
+    event: Mapping[str, Any] | None = None
+    outbox: str = ""
+    entry: str = ""
+
+    def args(self) -> list[str]:
+        event = "" if self.event is None else wire.dumps(dict(self.event))
+        return [event, self.outbox, self.entry]
+
+
+NO_LAST_WORDS = LastWords()
+
+
+def release_args(
+    job_id: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    attempt: int | None,
+    last_words: LastWords | None,
+) -> list[Any]:
+    stamp = "" if attempt is None else str(attempt)
+    return [job_id, prompt_tokens, completion_tokens, stamp, *(last_words or NO_LAST_WORDS).args()]
+
+
+def pick_answer(answer: Any, loop: DispatchLoop | None) -> Job | None:
+    return _job_from_json(answer, loop) if answer else None
+
+
+def release_pick_answer(answer: Any, loop: DispatchLoop | None) -> tuple[bool, Job | None]:
+    released, picked = answer
+    return bool(released), pick_answer(picked, loop)
+
+
+class FairQueue:
+    def __init__(self, client: redis.Redis, config: FairQueueConfig | None = None) -> None:
+        self.redis = client
+        self.config = config or FairQueueConfig()
+        self.keys = Keys(self.config.prefix)
+        self._scripts: dict[str, Script] = {
+            name: client.register_script(script_source(name)) for name in SCRIPT_NAMES
+        }
+        # The script calls, loops' waits and events go over lean connections of their own
+        # where the client's kind of connection allows (raw_redis.py beside this file).
+        self._raw = RawRedis.like(client)
+
+    # --- policies (written by the platform from its database) ----------------------------
+
+    def set_tenant_policy(self, tenant: str, policy: TenantPolicy) -> None:
+        check_id("tenant", tenant)
+        pipe = self.redis.pipeline()
+        pipe.hset(
+            self.keys.tenant(tenant),
+            mapping={
+                "weight": repr(float(policy.weight)),
+                "quota_bytes": policy.quota_bytes,
+                "burst_bytes": policy.burst_bytes,
+            },
+        )
+        pipe.sadd(self.keys.tenants(), tenant)
+        pipe.execute()
+
+    def set_engine_policy(self, policy: EnginePolicy) -> None:
+        check_id("engine", policy.engine_id)
+        previous = self.redis.hget(self.keys.engine(policy.engine_id), "pool")
+        pipe = self.redis.pipeline()
+        if previous is not None and _text(previous) != policy.pool:
+            pipe.srem(self.keys.pool_engines(_text(previous)), policy.engine_id)
+        pipe.hset(
+            self.keys.engine(policy.engine_id),
+            mapping={
+                "pool": policy.pool,
+                "kv_budget_bytes": policy.kv_budget_bytes,
+                "max_num_seqs": policy.max_num_seqs,
+                "queued": policy.queued,
+                "offline_load_threshold": repr(float(policy.offline_load_threshold)),
+                "offline_gate_margin": repr(float(policy.offline_gate_margin)),
+                "offline_reserve": policy.offline_reserve,
+                "load": repr(float(policy.load)),
+            },
+        )
+        pipe.sadd(self.keys.engines(), policy.engine_id)
+        pipe.sadd(self.keys.pool_engines(policy.pool), policy.engine_id)
+        pipe.sadd(self.keys.pools(), policy.pool)
+        pipe.execute()
+
+    def set_engine_load(self, engine_id: str, load: float, signal: str = "") -> bool:
+        """Writes the samplers' load of an engine, and which signal it came from; moves the
+        offline gate's hysteresis (`lua/set_load.lua`). Returns whether the load holds the
+        gate shut now."""
+        check_id("engine", engine_id)
+        return bool(self._run("set_load", engine_id, repr(float(load)), signal))
+
+    def remove_engine(self, engine_id: str) -> None:
+        """No new picks for the engine; its in-flight jobs still release normally."""
+        pool = self.redis.hget(self.keys.engine(engine_id), "pool")
+        pipe = self.redis.pipeline()
+        if pool is not None:
+            pipe.srem(self.keys.pool_engines(_text(pool)), engine_id)
+        pipe.delete(self.keys.engine(engine_id))
+        pipe.execute()
+
+    # --- the decisions --------------------------------------------------------------------
+
+    def script_head(self, now: float | None = None) -> list[str | int]:
+        """The arguments every script takes first: the keys' prefix, the moment ('' = Redis's
+        clock) and how long finished jobs are kept."""
+        moment = "" if now is None else repr(float(now))
+        return [self.config.prefix, moment, self.config.keep_s]
+
+    def script(self, name: str) -> Script:
+        return self._scripts[name]
+
+    def _run(self, name: str, *args: Any, now: float | None = None) -> Any:
+        head = self.script_head(now)
+        script = self._scripts[name]
+        if self._raw is None:
+            return script(keys=[], args=[*head, *args])
+        try:
+            return self._raw.call("EVALSHA", script.sha, 0, *head, *args)
+        except redis.exceptions.NoScriptError:  # a Redis restarted or flushed: nothing ran
+            self._raw.call("SCRIPT", "LOAD", script.script)
+            return self._raw.call("EVALSHA", script.sha, 0, *head, *args)
+
+    def enqueue(
+        self,
+        *,
+        tenant: str,
+        pool: str,
+        request_class: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        kv_bytes: int,
+        payload: str = "",
+        job_id: str | None = None,
+        now: float | None = None,
+        summary: str = "",
+        seqs: int = 1,
+    ) -> Job:
+        """Queues a job at the tail of its tenant's queue; raises JobRejected when it can
+        never run (larger than every engine of the pool or than the tenant's quota + burst,
+        unknown tenant, no engine, duplicate id)."""
+        job, _ = self._enqueue(
+            summon=False, tenant=tenant, pool=pool, request_class=request_class,
+            prompt_tokens=prompt_tokens, max_tokens=max_tokens, kv_bytes=kv_bytes,
+            payload=payload, job_id=job_id, now=now, summary=summary, seqs=seqs,
+        )  # fmt: skip
+        return job
+
+    def enqueue_summoning(self, **fields: Any) -> tuple[Job, bool]:
+        """`enqueue` that also sees the job get a worker: it wakes an idle dispatch loop of
+        the pool, else returns True when the caller must summon one (send a dispatch task);
+        False also when a loop summoned a moment ago has yet to start (it fans out)."""
+        return self._enqueue(summon=True, **fields)
+
+    def _enqueue(
+        self, *, summon: bool, now: float | None = None, **fields: Any
+    ) -> tuple[Job, bool]:
+        args = self.enqueue_args(summon=summon, **fields)
+        return self.enqueue_answer(self._run("enqueue", *args, now=now), args)
+
+    def enqueue_args(
+        self,
+        *,
+        summon: bool,
+        tenant: str,
+        pool: str,
+        request_class: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        kv_bytes: int,
+        payload: str = "",
+        job_id: str | None = None,
+        inbox: str = "",
+        max_waiting: int = 0,
+        summary: str = "",
+        seqs: int = 1,
+    ) -> list[Any]:
+        """The enqueue script's arguments (after `script_head`), checked. `inbox`: the list
+        its waiter reads the events of all its jobs from (see `Keys.inbox`); '' = the job's
+        own event list. `max_waiting`: the job is refused (`too_many_waiting`) when that many
+        of its tenant's jobs already wait in the pool's queues; 0 = no limit. `summary`: what
+        the job keeps in place of its payload once it is over (`payload_summary`); '' = all.
+        `seqs`: the sequences it runs (n samples of each prompt), one engine seat each."""
+        if request_class not in REQUEST_CLASSES:
+            raise JobRejected("unknown_class", f"unknown request class {request_class!r}")
+        if min(prompt_tokens, max_tokens, kv_bytes) < 0:
+            raise ValueError("token counts and KV bytes cannot be negative")
+        if seqs < 1:
+            raise ValueError("a job runs at least one sequence")
+        job_id = check_id("job", job_id or uuid.uuid4().hex)
+        check_id("tenant", tenant)
+        timeout = repr(float(self.config.queue_timeouts_s[request_class]))
+        return [
+            *(job_id, tenant, pool, request_class, prompt_tokens, max_tokens, kv_bytes),
+            *(timeout, payload, str(self.config.loop_summon_s) if summon else "", inbox),
+            max_waiting,
+            summary,
+            seqs,
+        ]
+
+    @staticmethod
+    def enqueue_answer(answer: Any, args: list[Any]) -> tuple[Job, bool]:
+        """The queued job (and whether a loop must be summoned) from the enqueue script's
+        answer to `args`; JobRejected when it refused the job."""
+        status = [_text(part) for part in answer]
+        if status[0] != "ok":
+            raise JobRejected(status[1], status[2])
+        job_id, tenant, pool, request_class, prompt_tokens, max_tokens, kv_bytes = args[:7]
+        job = Job(
+            job_id=job_id,
+            tenant=tenant,
+            pool=pool,
+            request_class=request_class,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            kv_bytes=kv_bytes,
+            payload=args[8],
+            enqueued_at=float(status[1]),
+            deadline=float(status[2]),
+            seqs=int(args[13]),
+        )
+        return job, status[3] == "summon"
+
+    def pick(
+        self,
+        pool: str,
+        engine_id: str = "",
+        *,
+        loop: DispatchLoop | None = None,
+        now: float | None = None,
+    ) -> Job | None:
+        """The fairest admissible job of `pool`, reserved and leased to the caller, or None
+        when nothing may run now. For `engine_id`, or (empty) for the pool's engine with the
+        most free KV (ties: fewest in flight) that can run one. A dispatch `loop` that gets
+        None is registered idle: it waits for work with `wait_for_work`."""
+        return pick_answer(self._run("pick", *self.pick_args(pool, engine_id, loop), now=now), loop)
+
+    def release(
+        self,
+        job_id: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        attempt: int | None = None,
+        now: float | None = None,
+        last_words: LastWords | None = None,
+    ) -> bool:
+        """The job ended: frees its reservation and charges the real tokens. Idempotent:
+        False (and nothing changed) when the job is not running, or not as `attempt`.
+        `last_words` are told in the same step, released or not."""
+        args = release_args(job_id, prompt_tokens, completion_tokens, attempt, last_words)
+        return bool(self._run("release", *args, now=now))
+
+    def release_and_pick(
+        self,
+        job: Job,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        pool: str,
+        engine_id: str = "",
+        loop: DispatchLoop | None = None,
+        now: float | None = None,
+        last_words: LastWords | None = None,
+    ) -> tuple[bool, Job | None]:
+        """A worker's turn in one atomic step (one round trip): `release` of the job it ran
+        (as its attempt, telling its `last_words`), then `pick` of its next one. Returns
+        (released, next job)."""
+        args = self.release_pick_args(
+            job, prompt_tokens, completion_tokens, pool, engine_id, loop, last_words
+        )
+        return release_pick_answer(self._run("release_pick", *args, now=now), loop)
+
+    def release_pick_args(
+        self,
+        job: Job,
+        prompt_tokens: int,
+        completion_tokens: int,
+        pool: str,
+        engine_id: str,
+        loop: DispatchLoop | None,
+        last_words: LastWords | None,
+    ) -> list[Any]:
+        return [
+            *(job.job_id, prompt_tokens, completion_tokens, str(job.attempt)),
+            *self.pick_args(pool, engine_id, loop),
+            *(last_words or NO_LAST_WORDS).args(),
+        ]
+
+    def pick_args(self, pool: str, engine_id: str, loop: DispatchLoop | None) -> list[str]:
+        lease = repr(float(self.config.lease_s))
+        args = [pool, engine_id, lease, *map(repr, self.config.weight_args())]
+        if loop is None:
+            return [*args, "", "0", "", "0"]
+        starting = "1" if loop.starting else ""
+        loop.starting = False
+        idle, summon = repr(float(self.config.loop_idle_s)), str(self.config.loop_summon_s)
+        return [*args, loop.token, idle, starting, summon]
+
+    def wait_for_work(
+        self,
+        pool: str,
+        loop: DispatchLoop,
+        timeout_s: float,
+        *,
+        stop: threading.Event | None = None,
+    ) -> bool:
+        """An idle loop (its pick got None) waits up to `timeout_s` to be woken by new work
+        or a freed seat, or until `stop` is set. True: woken, pick again. False: nothing
+        came; the loop is no longer idle.
+
+        It waits in slices (each BLPOP answered well within the client's read timeout), and
+        each slice renews its idle registration for `loop_idle_s` in the same round trip, so
+        a loop that dies waiting is forgotten within seconds rather than woken for nothing.
+        A registration already gone (the loop stalled past it) ends the wait."""
+        idle = self.keys.idle_loops(pool)
+        wake = self.keys.loop_wake(loop.token)
+        waits_until = time.monotonic() + timeout_s
+        while stop is None or not stop.is_set():
+            left = waits_until - time.monotonic()
+            if left <= 0:
+                break
+            slice_s = self.wait_slice_s(left)
+            try:
+                renewed, woken = self._renew_and_wait(idle, wake, loop.token, slice_s)
+            except redis.TimeoutError:  # the client's read timeout, on a stalled machine
+                continue
+            if woken is not None:
+                return True
+            if not renewed:
+                break
+        return self.stop_waiting(pool, loop)
+
+    def _renew_and_wait(self, idle: str, wake: str, token: str, slice_s: float) -> list[Any]:
+        """One round trip: the loop's idle registration renewed (XX: never re-registered
+        once a waker has taken it, its wake being on the list), then BLPOP on its wake list."""
+        if self._raw is None:
+            until = time.time() + self.config.loop_idle_s
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zadd(idle, {token: until}, xx=True, ch=True)
+            pipe.blpop([wake], timeout=slice_s)
+            return pipe.execute()
+        return self._raw.pipeline(
+            self.renew_and_wait_commands(idle, wake, token, slice_s), block_s=slice_s
+        )
+
+    def renew_and_wait_commands(
+        self, idle: str, wake: str, token: str, slice_s: float
+    ) -> list[tuple[str, ...]]:
+        """An idle loop's registration renewed (XX: never re-registered once a waker has
+        taken it, its wake being on the list), then BLPOP on its wake list."""
+        until = repr(time.time() + self.config.loop_idle_s)
+        return [("ZADD", idle, "XX", "CH", until, token), ("BLPOP", wake, repr(slice_s))]
+
+    def wait_slice_s(self, left_s: float) -> float:
+        """How long one slice of an idle loop's wait lasts (see `wait_for_work`)."""
+        return min(WAIT_SLICE_S, self.config.loop_idle_s / 2, left_s)
+
+    def stop_waiting(self, pool: str, loop: DispatchLoop) -> bool:
+        """An idle loop leaves; True when it was woken meanwhile (its work needs a loop)."""
+        return bool(self._run("stop_waiting", pool, loop.token))
+
+    def kick(self, pool: str) -> bool:
+        """Nudges the pool's dispatch loops (its waiting work may have missed its loop):
+        wakes an idle one; True when none is idle and the caller must summon one."""
+        return _text(self._run("kick", pool, str(self.config.loop_summon_s))) == "summon"
+
+    def renew_lease(self, job_id: str, attempt: int, now: float | None = None) -> bool:
+        """Extends the lease; False means the job is no longer the caller's: stop running it."""
+        return bool(self._run("renew", *self.renew_args(job_id, attempt), now=now))
+
+    def renew_args(self, job_id: str, attempt: int) -> list[Any]:
+        return [job_id, str(attempt), repr(float(self.config.lease_s))]
+
+    def cancel(self, job_id: str, reason: str = "cancelled", now: float | None = None) -> str:
+        """Cancels a queued or running job; returns the state it was in, '' if neither."""
+        return _text(self._run("cancel", job_id, reason, now=now))
+
+    def requeue(
+        self,
+        job_id: str,
+        *,
+        attempt: int | None = None,
+        reason: str = "requeued",
+        now: float | None = None,
+    ) -> bool:
+        """Gives a running job back to the head of its queue (e.g. its engine went away)."""
+        return bool(self._run("requeue", *self.requeue_args(job_id, attempt, reason), now=now))
+
+    def requeue_args(self, job_id: str, attempt: int | None, reason: str) -> list[Any]:
+        stamp = "" if attempt is None else str(attempt)
+        return [job_id, stamp, reason, *map(repr, self.config.timeout_args())]
+
+    def reap_expired_leases(self, now: float | None = None, limit: int = 100) -> list[str]:
+        timeouts = map(repr, self.config.timeout_args())
+        return [_text(job_id) for job_id in self._run("reap", limit, *timeouts, now=now)]
+
+    def expire_waiting(self, now: float | None = None, limit: int = 100) -> list[str]:
+        return [_text(job_id) for job_id in self._run("expire", limit, now=now)]
+
+    # --- the waiter's channel ---------------------------------------------------------------
+
+    def publish(self, job_id: str, event: Mapping[str, Any]) -> None:
+        """Appends an event to the job's waiter's inbox, or (nobody waits: a batch line) to
+        the job's own event list, as the scripts' events go (`lua/lib.lua` emit_raw)."""
+        inbox = self.redis.hget(self.keys.job(job_id), "inbox")
+        if inbox:
+            if event.get("event") == "chunk":
+                data = wire.dumps_bytes(event["data"])
+                entry = chunk_entry(job_id, int(event.get("attempt") or 0), data)
+            else:
+                entry = event_entry(job_id, wire.dumps(dict(event)))
+            pipe = self.redis.pipeline()
+            pipe.rpush(inbox, entry)
+            pipe.expire(inbox, self.config.keep_s)
+            pipe.execute()
+            return
+        key, raw = self.keys.events(job_id), wire.dumps(dict(event))
+        if self._raw is None:
+            pipe = self.redis.pipeline()
+            pipe.rpush(key, raw)
+            pipe.expire(key, self.config.keep_s)
+            pipe.execute()
+            return
+        self._raw.pipeline(self.publish_commands([(key, raw)]))
+
+    def publish_commands(self, events: list[tuple[str, str | bytes]]) -> list[tuple[Any, ...]]:
+        """The commands that append `events` ((list key, entry) in order) to their lists (a
+        job's event list, or a waiter's inbox), each list's in one RPUSH, in one
+        transaction: a list is never left without its expiry."""
+        by_key: dict[str, list[str | bytes]] = {}
+        for key, raw in events:
+            by_key.setdefault(key, []).append(raw)
+        commands: list[tuple[Any, ...]] = [("MULTI",)]
+        for key, raws in by_key.items():
+            commands += [("RPUSH", key, *raws), ("EXPIRE", key, self.config.keep_s)]
+        return [*commands, ("EXEC",)]
+
+    def wait_event(self, job_id: str, timeout_s: float) -> dict[str, Any] | None:
+        """The job's next event, waiting up to `timeout_s`; None when none came."""
+        answer = self.redis.blpop([self.keys.events(job_id)], timeout=timeout_s)
+        if answer is None:
+            return None
+        event: dict[str, Any] = wire.loads(_text(answer[1]))
+        return event
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        """The job's events nobody has taken yet, oldest first, left in place."""
+        return [
+            wire.loads(_text(raw)) for raw in self.redis.lrange(self.keys.events(job_id), 0, -1)
+        ]
+
+    def forget_events(self, job_id: str) -> None:
+        """Drops the job's untaken events (a batch line's, once its answer is stored)."""
+        self.redis.delete(self.keys.events(job_id))
+
+    # --- reads ------------------------------------------------------------------------------
+
+    def _hash(self, key: str) -> dict[str, str]:
+        return {_text(k): _text(v) for k, v in self.redis.hgetall(key).items()}
+
+    def pool_engines(self, pool: str) -> list[str]:
+        """The engines that take jobs of `pool` now, by name."""
+        return sorted(_text(e) for e in self.redis.smembers(self.keys.pool_engines(pool)))
+
+    def job_state(self, job_id: str) -> tuple[str, int] | None:
+        """A job's state and attempt, without its payload (which can be large)."""
+        state, attempt = self.redis.hmget(self.keys.job(job_id), ["state", "attempt"])
+        return None if state is None else (_text(state), int(attempt or 0))
+
+    def get_job(self, job_id: str) -> Job | None:
+        fields = self._hash(self.keys.job(job_id))
+        return Job.from_hash(job_id, fields) if fields else None
+
+    def check(self, repair: bool = False) -> CheckReport:
+        raw = json.loads(_text(self._run("check", "1" if repair else "0")))
+        # cjson encodes an empty Lua table as an object, so an empty list may arrive as {}.
+        problems = list(raw["problems"]) if isinstance(raw["problems"], list) else []
+        tenants = raw["tenants"] if isinstance(raw["tenants"], dict) else {}
+        engines = raw["engines"] if isinstance(raw["engines"], dict) else {}
+        return CheckReport(
+            tenant_reserved={t: (int(v[0]), int(v[1])) for t, v in tenants.items()},
+            engine_reserved={
+                e: (int(v[0]), int(v[1]), int(v[2]), int(v[3])) for e, v in engines.items()
+            },
+            problems=problems,
+            repaired=repair and bool(problems),
+        )
+
+    def pools_with_waiting_work(self) -> list[str]:
+        """The pools where some tenant has a job waiting (in two round trips, whatever the
+        load): what housekeeping kicks every few seconds. `snapshot` reads the same through
+        a round trip per running job and per tenant queue."""
+        pools = sorted(_text(p) for p in self.redis.smembers(self.keys.pools()))
+        pipe = self.redis.pipeline(transaction=False)
+        for pool in pools:
+            for request_class in REQUEST_CLASSES:
+                pipe.zcard(self.keys.backlog(pool, request_class))
+        backlogged = iter(pipe.execute())
+        return [pool for pool in pools if sum(next(backlogged) for _ in REQUEST_CLASSES) > 0]
+
+    def engine_reserved_bytes(self) -> dict[str, int]:
+        """The KV bytes reserved on each engine now (two round trips): the sampler's part of
+        `snapshot`."""
+        engines = sorted(_text(e) for e in self.redis.smembers(self.keys.engines()))
+        pipe = self.redis.pipeline(transaction=False)
+        for engine in engines:
+            pipe.hget(self.keys.engine_usage(engine), "reserved")
+        return {e: int(v or 0) for e, v in zip(engines, pipe.execute(), strict=True)}
+
+    def snapshot(self, now: float | None = None) -> Snapshot:
+        """Queues per pool, class and tenant, and reservations. Read without a lock: for
+        people and dashboards, not for decisions."""
+        if now is None:
+            seconds, micros = self.redis.time()
+            now = seconds + micros / 1e6
+        running = self._running_counts()
+        rows: list[QueueRow] = []
+        for pool in sorted(_text(p) for p in self.redis.smembers(self.keys.pools())):
+            for request_class in REQUEST_CLASSES:
+                rows.extend(self._queue_rows(pool, request_class, running, now))
+        tenants = sorted(_text(t) for t in self.redis.smembers(self.keys.tenants()))
+        engines = sorted(_text(e) for e in self.redis.smembers(self.keys.engines()))
+        engine_use = [self._hash(self.keys.engine_usage(e)) for e in engines]
+        return Snapshot(
+            queues=rows,
+            tenant_reserved_bytes={
+                t: int(self.redis.hget(self.keys.tenant_usage(t), "reserved") or 0) for t in tenants
+            },
+            engine_reserved_bytes={
+                e: int(use.get("reserved", 0)) for e, use in zip(engines, engine_use, strict=True)
+            },
+            engine_inflight={
+                e: int(use.get("inflight", 0)) for e, use in zip(engines, engine_use, strict=True)
+            },
+            engine_offline={
+                e: int(use.get("offline", 0)) for e, use in zip(engines, engine_use, strict=True)
+            },
+        )
+
+    def _running_counts(self) -> dict[tuple[str, str, str], int]:
+        counts: dict[tuple[str, str, str], int] = {}
+        for job_id in self.redis.zrange(self.keys.inflight(), 0, -1):
+            fields = self.redis.hmget(self.keys.job(_text(job_id)), ["pool", "cls", "tenant"])
+            if None not in fields:
+                key = (_text(fields[0]), _text(fields[1]), _text(fields[2]))
+                counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def _queue_rows(
+        self,
+        pool: str,
+        request_class: str,
+        running: Mapping[tuple[str, str, str], int],
+        now: float,
+    ) -> list[QueueRow]:
+        counters = {
+            t: float(c) for t, c in self._hash(self.keys.counters(pool, request_class)).items()
+        }
+        rows = []
+        for tenant, counter in sorted(counters.items()):
+            queue = self.keys.queue(pool, request_class, tenant)
+            waiting = int(self.redis.llen(queue))
+            head = self.redis.lindex(queue, 0)
+            oldest = None
+            if head is not None:
+                enqueued = self.redis.hget(self.keys.job(_text(head)), "enqueued_at")
+                oldest = now - float(enqueued) if enqueued is not None else None
+            rows.append(
+                QueueRow(
+                    pool=pool,
+                    request_class=request_class,
+                    tenant=tenant,
+                    waiting=waiting,
+                    running=running.get((pool, request_class, tenant), 0),
+                    oldest_wait_s=oldest,
+                    counter=counter,
+                )
+            )
+        return rows

@@ -1,0 +1,361 @@
+"""A job's life: timeouts, leases and the reaper, release, cancel, requeue, the waiter's
+events, and the invariant check."""
+
+import json
+
+import redis
+
+from fairqueue import EnginePolicy, FairQueue, FairQueueConfig, Job, TenantPolicy
+from fairqueue.domain import payload_summary
+from fairqueue.keys import Keys
+
+UNIT = 256 * 1024 * 1024
+
+
+def setup_pool(fq: FairQueue, max_num_seqs: int = 8) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, 4 * UNIT))
+    fq.set_tenant_policy("b", TenantPolicy(1, 4 * UNIT))
+    fq.set_engine_policy(EnginePolicy("e1", "p", 8 * UNIT, max_num_seqs))
+
+
+def submit(
+    fq: FairQueue, tenant: str = "a", request_class: str = "standard", now: float = 0
+) -> Job:
+    return fq.enqueue(
+        tenant=tenant,
+        pool="p",
+        request_class=request_class,
+        prompt_tokens=100,
+        max_tokens=50,
+        kv_bytes=UNIT,
+        now=now,
+    )
+
+
+def pick(fq: FairQueue, now: float) -> Job:
+    job = fq.pick("p", "e1", now=now)
+    assert job is not None
+    return job
+
+
+def reserved(fq: FairQueue) -> tuple[int, int, int]:
+    snap = fq.snapshot()
+    return (
+        snap.tenant_reserved_bytes["a"],
+        snap.engine_reserved_bytes["e1"],
+        snap.engine_inflight["e1"],
+    )
+
+
+def events(fq: FairQueue, job_id: str) -> list[dict[str, object]]:
+    found = []
+    while (event := fq.wait_event(job_id, 0.01)) is not None:
+        found.append(event)
+    return found
+
+
+def test_an_interactive_job_expires_after_its_queue_timeout_and_its_waiter_is_told(
+    fq: FairQueue,
+) -> None:
+    setup_pool(fq)
+    job = submit(fq, request_class="interactive", now=0)
+    assert fq.expire_waiting(now=29.9) == []
+    assert fq.expire_waiting(now=30.0) == [job.job_id]
+    assert fq.get_job(job.job_id).state == "expired"  # type: ignore[union-attr]
+    [event] = events(fq, job.job_id)
+    assert event["event"] == "expired"
+    assert event["reason"] == "queue_timeout"
+    assert event["waited_s"] == 30
+    assert fq.pick("p", "e1", now=31) is None
+    assert fq.check().ok
+
+
+def test_a_pick_never_hands_out_a_job_past_its_deadline(fq: FairQueue) -> None:
+    setup_pool(fq)
+    stale = submit(fq, request_class="interactive", now=0)
+    fresh = submit(fq, request_class="standard", now=0)
+    assert pick(fq, now=45).job_id == fresh.job_id  # interactive would go first, had it lived
+    assert fq.get_job(stale.job_id).state == "expired"  # type: ignore[union-attr]
+
+
+def test_a_pick_scans_past_many_expired_heads(fq: FairQueue) -> None:
+    fq.set_engine_policy(EnginePolicy("e1", "p", 8 * UNIT, 8))
+    for i in range(40):  # more than a page of the backlog
+        fq.set_tenant_policy(f"t{i:02}", TenantPolicy(1, UNIT))
+        fq.enqueue(tenant=f"t{i:02}", pool="p", request_class="interactive", prompt_tokens=1,
+                   max_tokens=1, kv_bytes=UNIT, now=0)  # fmt: skip
+    fq.set_tenant_policy("t20x", TenantPolicy(1, UNIT))  # in the middle of the backlog
+    late = fq.enqueue(tenant="t20x", pool="p", request_class="interactive", prompt_tokens=1,
+                      max_tokens=1, kv_bytes=UNIT, now=50)  # fmt: skip
+    assert pick(fq, now=60).job_id == late.job_id
+    assert fq.check().ok
+
+
+def test_without_now_the_scripts_use_redis_clock(fq: FairQueue, fq_redis: redis.Redis) -> None:
+    setup_pool(fq)
+    seconds, micros = fq_redis.time()
+    job = fq.enqueue(tenant="a", pool="p", request_class="interactive", prompt_tokens=1,
+                     max_tokens=1, kv_bytes=UNIT)  # fmt: skip
+    assert abs(job.enqueued_at - (seconds + micros / 1e6)) < 5
+    assert job.deadline == job.enqueued_at + 30
+
+
+def test_each_class_has_its_own_timeout(fq_redis: redis.Redis) -> None:
+    timeouts = {"interactive": 1.0, "standard": 2.0, "offline": 3.0}
+    fq = FairQueue(fq_redis, FairQueueConfig(queue_timeouts_s=timeouts))
+    setup_pool(fq)
+    jobs = {name: submit(fq, request_class=name) for name in timeouts}
+    assert fq.expire_waiting(now=1) == [jobs["interactive"].job_id]
+    assert fq.expire_waiting(now=2) == [jobs["standard"].job_id]
+    assert fq.expire_waiting(now=3) == [jobs["offline"].job_id]
+
+
+def test_the_reaper_returns_an_expired_lease_to_the_head_and_frees_it(fq: FairQueue) -> None:
+    setup_pool(fq)
+    first, second = submit(fq), submit(fq)
+    leased = pick(fq, now=1)
+    assert leased.job_id == first.job_id
+    assert leased.lease_deadline == 121
+    assert reserved(fq) == (UNIT, UNIT, 1)
+    assert fq.reap_expired_leases(now=120) == []
+    assert fq.reap_expired_leases(now=121) == [first.job_id]
+    assert reserved(fq) == (0, 0, 0)
+    assert fq.check().ok
+    again = pick(fq, now=122)
+    assert again.job_id == first.job_id  # the head, before `second`
+    assert again.attempt == 2
+    assert [e["event"] for e in events(fq, first.job_id)] == ["requeued"]  # a pick says nothing
+    assert fq.get_job(second.job_id).state == "queued"  # type: ignore[union-attr]
+
+
+def test_a_stale_worker_cannot_release_the_next_attempt(fq: FairQueue) -> None:
+    setup_pool(fq)
+    job = submit(fq)
+    first_attempt = pick(fq, now=1)
+    fq.reap_expired_leases(now=500)
+    pick(fq, now=501)
+    assert not fq.release(job.job_id, 100, 50, attempt=first_attempt.attempt, now=502)
+    assert not fq.renew_lease(job.job_id, first_attempt.attempt, now=502)
+    assert fq.get_job(job.job_id).state == "running"  # type: ignore[union-attr]
+    assert fq.release(job.job_id, 100, 50, attempt=2, now=503)
+
+
+def test_renewing_a_lease_keeps_the_reaper_away(fq: FairQueue) -> None:
+    setup_pool(fq)
+    submit(fq)
+    job = pick(fq, now=0)
+    assert fq.renew_lease(job.job_id, job.attempt, now=100)
+    assert fq.reap_expired_leases(now=150) == []
+    assert fq.reap_expired_leases(now=220) == [job.job_id]
+
+
+def test_release_is_idempotent_and_charges_the_real_tokens(fq: FairQueue) -> None:
+    setup_pool(fq)
+    submit(fq)
+    job = pick(fq, now=1)
+    assert job.charged == 100 + 2 * 50  # the estimate: prompt + 2 x max_tokens
+    assert fq.release(job.job_id, 100, 20, now=2)
+    assert not fq.release(job.job_id, 100, 20, now=3)
+    assert not fq.release("never-was", 1, 1, now=3)
+    assert fq.get_job(job.job_id).charged == 100 + 2 * 20  # type: ignore[union-attr]
+    [row] = fq.snapshot().queues
+    assert row.counter == 140
+    assert reserved(fq) == (0, 0, 0)
+    assert fq.check().ok
+
+
+def test_cancelling_a_queued_job_removes_it_and_tells_the_waiter(fq: FairQueue) -> None:
+    setup_pool(fq)
+    job = submit(fq)
+    assert fq.cancel(job.job_id, reason="client_disconnected", now=1) == "queued"
+    assert fq.cancel(job.job_id, now=2) == ""
+    assert fq.pick("p", "e1", now=3) is None
+    assert events(fq, job.job_id) == [
+        {"event": "cancelled", "reason": "client_disconnected", "at": 1}
+    ]
+    assert fq.check().ok
+
+
+def test_cancelling_a_running_job_frees_everything(fq: FairQueue) -> None:
+    setup_pool(fq)
+    submit(fq)
+    job = pick(fq, now=1)
+    assert fq.cancel(job.job_id, now=2) == "running"
+    assert reserved(fq) == (0, 0, 0)
+    assert not fq.release(job.job_id, 100, 50, now=3)
+    assert not fq.renew_lease(job.job_id, job.attempt, now=3)
+    assert fq.get_job(job.job_id).charged == 100  # type: ignore[union-attr]
+    assert fq.check().ok
+
+
+def test_a_requeued_job_refunds_its_estimate_and_goes_first(fq: FairQueue) -> None:
+    setup_pool(fq)
+    first, second = submit(fq), submit(fq)
+    assert pick(fq, now=1).job_id == first.job_id
+    assert fq.requeue(first.job_id, reason="engine_gone", now=2)
+    assert not fq.requeue(first.job_id, now=2)
+    assert reserved(fq) == (0, 0, 0)
+    [row] = fq.snapshot().queues
+    assert row.counter == 0
+    assert row.waiting == 2
+    assert pick(fq, now=3).job_id == first.job_id
+    assert fq.get_job(second.job_id).state == "queued"  # type: ignore[union-attr]
+
+
+def test_a_worker_publishes_to_the_same_channel_the_waiter_reads(fq: FairQueue) -> None:
+    setup_pool(fq)
+    submit(fq)
+    job = pick(fq, now=1)
+    fq.publish(job.job_id, {"event": "chunk", "text": "hel"})
+    fq.publish(job.job_id, {"event": "done"})
+    assert [e["event"] for e in events(fq, job.job_id)] == ["chunk", "done"]
+
+
+def test_the_check_reports_drift_and_repairs_it(fq: FairQueue, fq_redis: redis.Redis) -> None:
+    setup_pool(fq)
+    submit(fq)
+    pick(fq, now=1)
+    keys = Keys()
+    fq_redis.hincrby(keys.tenant_usage("a"), "reserved", 7)
+    fq_redis.hincrby(keys.engine_usage("e1"), "inflight", 1)
+    report = fq.check()
+    assert not report.ok
+    assert report.tenant_reserved["a"] == (UNIT + 7, UNIT)
+    assert len(report.problems) == 2
+    assert fq.check(repair=True).repaired
+    assert fq.check().ok
+    assert reserved(fq) == (UNIT, UNIT, 1)
+
+
+def test_the_status_shows_waiting_running_and_oldest_wait(fq: FairQueue) -> None:
+    setup_pool(fq)
+    submit(fq, "a", now=0)
+    submit(fq, "a", now=5)
+    submit(fq, "b", request_class="interactive", now=8)
+    pick(fq, now=9)  # interactive first
+    rows = {(r.request_class, r.tenant): r for r in fq.snapshot(now=10).queues}
+    assert rows[("standard", "a")].waiting == 2
+    assert rows[("standard", "a")].oldest_wait_s == 10
+    assert rows[("interactive", "b")].running == 1
+    assert rows[("interactive", "b")].waiting == 0
+
+
+def test_the_cheap_reads_agree_with_the_snapshot(fq: FairQueue) -> None:
+    """Housekeeping and the sampler read the pools with waiting work and each engine's
+    reservations without the snapshot's round trip per job and per queue."""
+    setup_pool(fq)
+    fq.set_engine_policy(EnginePolicy("e2", "quiet", 8 * UNIT, 8))
+    assert fq.pools_with_waiting_work() == []
+    submit(fq, "a", now=0)
+    submit(fq, "b", request_class="interactive", now=1)
+    assert fq.pools_with_waiting_work() == ["p"]
+    pick(fq, now=2)
+    assert fq.pools_with_waiting_work() == ["p"]  # a's job still waits
+    assert fq.engine_reserved_bytes() == {"e1": UNIT, "e2": 0}
+    assert fq.engine_reserved_bytes() == fq.snapshot().engine_reserved_bytes
+    pick(fq, now=3)
+    assert fq.pools_with_waiting_work() == []
+    assert fq.engine_reserved_bytes() == {"e1": 2 * UNIT, "e2": 0}
+
+
+def test_the_scripts_and_keys_py_name_the_same_keys(fq: FairQueue, fq_redis: redis.Redis) -> None:
+    setup_pool(fq)
+    job = submit(fq)
+    keys = Keys()
+    for name in (
+        keys.job(job.job_id),
+        keys.queue("p", "standard", "a"),
+        keys.backlog("p", "standard"),
+        keys.counters("p", "standard"),
+        keys.waiting(),
+        keys.pools(),
+    ):
+        assert fq_redis.exists(name), name
+    pick(fq, now=1)
+    for name in (
+        keys.inflight(),
+        keys.tenant_usage("a"),
+        keys.engine_usage("e1"),
+        keys.class_clock("p"),
+        keys.counter_floor("p", "standard"),
+    ):
+        assert fq_redis.exists(name), name
+    fq.cancel(job.job_id, reason="client_gone")  # the waiter is told
+    assert fq_redis.exists(keys.events(job.job_id))
+
+
+def test_release_and_pick_releases_once_and_hands_over_the_next_job_in_one_step(
+    fq: FairQueue,
+) -> None:
+    setup_pool(fq, max_num_seqs=1)
+    first, second = submit(fq, now=0), submit(fq, "b", now=0)
+    running = pick(fq, now=1)
+    assert running.job_id == first.job_id
+
+    released, following = fq.release_and_pick(running, 100, 20, pool="p", now=2)
+
+    assert released
+    assert following is not None
+    assert (following.job_id, following.engine_id, following.state) == (
+        second.job_id, "e1", "running",
+    )  # fmt: skip
+    assert fq.get_job(first.job_id).state == "done"  # type: ignore[union-attr]
+    assert reserved(fq) == (0, UNIT, 1)  # only b's job holds anything now
+    # Released already: a second turn releases nothing, and nothing is left to pick.
+    assert fq.release_and_pick(running, 100, 20, pool="p", now=3) == (False, None)
+    assert fq.check().ok
+
+
+def test_job_state_reads_state_and_attempt_only(fq: FairQueue) -> None:
+    setup_pool(fq)
+    job = submit(fq, now=0)
+    assert fq.job_state(job.job_id) == ("queued", 0)
+    running = pick(fq, now=1)
+    assert fq.job_state(job.job_id) == ("running", running.attempt)
+    assert fq.job_state("no-such-job") is None
+
+
+def test_a_job_that_is_over_keeps_its_summary_not_its_request_body(fq: FairQueue) -> None:
+    setup_pool(fq)
+    payload = {"tenant_id": 7, "model": "m", "body": {"messages": "x" * 1_000_000}}
+    summary = payload_summary(payload)
+
+    def job(request_class: str = "standard") -> Job:
+        return fq.enqueue(tenant="a", pool="p", request_class=request_class, prompt_tokens=1,
+                          max_tokens=1, kv_bytes=1, payload=json.dumps(payload), now=0,
+                          summary=summary)  # fmt: skip
+
+    released = job()
+    picked = fq.pick("p", "e1", now=1)
+    assert picked is not None
+    assert picked.job_id == released.job_id
+    assert json.loads(picked.payload) == payload  # whole while it runs
+    cancelled, expired = job(), job("interactive")
+    fq.release(released.job_id, 1, 1, now=2)
+    fq.cancel(cancelled.job_id)
+    fq.expire_waiting(now=10_000)
+    for over in (released, cancelled, expired):
+        kept = fq.get_job(over.job_id)
+        assert kept is not None
+        assert json.loads(kept.payload) == {"tenant_id": 7, "model": "m"}  # the ledger's
+
+
+def test_a_job_of_several_sequences_takes_a_seat_for_each(fq: FairQueue) -> None:
+    setup_pool(fq, max_num_seqs=4)
+    wide = fq.enqueue(
+        tenant="a", pool="p", request_class="standard", prompt_tokens=100, max_tokens=150,
+        kv_bytes=UNIT, now=0, seqs=3,
+    )  # fmt: skip
+    assert wide.seqs == 3
+    narrow, last = submit(fq, "b", now=0), submit(fq, "b", now=0)
+    assert pick(fq, now=1).job_id == wide.job_id
+    assert reserved(fq)[2] == 3
+    assert pick(fq, now=1).job_id == narrow.job_id  # one seat was free
+    assert fq.pick("p", "e1", now=1) is None  # four of four taken
+    running = fq.get_job(wide.job_id)
+    assert running is not None
+    assert running.seqs == 3
+    assert fq.release(running.job_id, 100, 150, now=2)
+    assert fq.snapshot().engine_inflight["e1"] == 1
+    assert pick(fq, now=3).job_id == last.job_id
+    assert fq.check().ok
