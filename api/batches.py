@@ -16,6 +16,8 @@ from rest_framework.response import Response
 
 from plumbing.errors import DomainError
 from scheduler.batches import files
+from scheduler.batches import objects as batch_objects
+from scheduler.batches import selectors as batch_selectors
 from scheduler.batches import service as batches
 from tenants.auth import TenantApiView
 
@@ -194,11 +196,11 @@ class BatchListCreateApi(TenantApiView):
         params = PageInput(data=request.query_params)
         params.is_valid(raise_exception=True)
         page = files.paginate(
-            batches.batch_list(tenant=self.principal.tenant),
+            batch_selectors.batch_list(tenant=self.principal.tenant),
             after=params.validated_data.get("after") or None,
             limit=params.validated_data["limit"],
         )
-        return Response(_page_body(page, batches.batch_object))
+        return Response(_page_body(page, batch_objects.batch_object))
 
     @extend_schema(request=CreateInput, responses=BatchOutput)
     def post(self, request: Request) -> Response:
@@ -207,19 +209,19 @@ class BatchListCreateApi(TenantApiView):
         batch = batches.batch_create(
             tenant=self.principal.tenant, api_key=self.principal.api_key, **data.validated_data
         )
-        created = batches.batch_get(tenant=self.principal.tenant, batch_id=batch.public_id)
-        return Response(batches.batch_object(created))
+        created = batch_selectors.batch_get(tenant=self.principal.tenant, batch_id=batch.public_id)
+        return Response(batch_objects.batch_object(created))
 
 
 class BatchDetailApi(TenantApiView):
     @extend_schema(responses=BatchOutput)
     def get(self, request: Request, batch_id: str) -> Response:
-        batch = batches.batch_get(tenant=self.principal.tenant, batch_id=batch_id)
-        return Response(batches.batch_object(batch))
+        batch = batch_selectors.batch_get(tenant=self.principal.tenant, batch_id=batch_id)
+        return Response(batch_objects.batch_object(batch))
 
 
 class BatchCancelApi(TenantApiView):
     @extend_schema(request=None, responses=BatchOutput)
     def post(self, request: Request, batch_id: str) -> Response:
-        batch = batches.batch_get(tenant=self.principal.tenant, batch_id=batch_id)
-        return Response(batches.batch_object(batches.batch_cancel(batch=batch)))
+        batch = batch_selectors.batch_get(tenant=self.principal.tenant, batch_id=batch_id)
+        return Response(batch_objects.batch_object(batches.batch_cancel(batch=batch)))

@@ -35,6 +35,8 @@ from plumbing.errors import DomainError, NotFound
 from plumbing.redis import redis_client
 from protocol.classes import REQUEST_CLASSES
 from scheduler import worker_tasks
+from scheduler.batches import objects as batch_objects
+from scheduler.batches import selectors as batch_selectors
 from scheduler.batches import service as batches
 from scheduler.batches.files import file_get, file_response
 from scheduler.engines.process import log_tail
@@ -538,22 +540,22 @@ BATCH_PAGE = 100
 
 def _batch_or_404(batch_id: str) -> Batch:
     """Staff see every tenant's batches; the batch is found through its tenant like any read."""
-    found = batches.batch_list_for_staff().filter(public_id=batch_id).first()
+    found = batch_selectors.batch_list_for_staff().filter(public_id=batch_id).first()
     if found is None:
         raise Http404(f"No batch {batch_id}.")
-    return batches.batch_get(tenant=found.tenant, batch_id=batch_id)
+    return batch_selectors.batch_get(tenant=found.tenant, batch_id=batch_id)
 
 
 @staff_member_required
 def batch_list_page(request: HttpRequest) -> HttpResponse:
     status = request.GET.get("status", "")
     tenant = request.GET.get("tenant", "")
-    shown = batches.batch_list_for_staff().order_by("-pk")
+    shown = batch_selectors.batch_list_for_staff().order_by("-pk")
     if status in BatchStatus.values:
         shown = shown.filter(status=status)
     if tenant:
         shown = shown.filter(tenant__slug=tenant)
-    rows = [(b, batches.batch_progress_percent(b)) for b in shown[:BATCH_PAGE]]
+    rows = [(b, batch_objects.batch_progress_percent(b)) for b in shown[:BATCH_PAGE]]
     context = {
         "section": "batches",
         "rows": rows,
@@ -593,8 +595,8 @@ def batch_detail(request: HttpRequest, batch_id: str) -> HttpResponse:
     context = {
         "section": "batches",
         "batch": batch,
-        "object": batches.batch_object(batch),
-        "progress": batches.batch_progress_percent(batch),
+        "object": batch_objects.batch_object(batch),
+        "progress": batch_objects.batch_progress_percent(batch),
         "line_counts": _line_counts(batch),
         "failed_lines": failed,
         "errors": errors,

@@ -1,7 +1,11 @@
+from typing import Any
+
 from django.contrib import admin
 
 from capacity.units import format_units
-from scheduler.models import Device, Engine
+from scheduler.batches.objects import batch_object, batch_progress_percent
+from scheduler.batches.selectors import batch_list_for_staff
+from scheduler.models import Batch, Device, Engine, StoredFile
 
 
 class EngineInline(admin.TabularInline[Engine, Device]):
@@ -66,11 +70,7 @@ class EngineAdmin(admin.ModelAdmin[Engine]):
         return engine.dedicated_tenant.slug if engine.dedicated_tenant else "shared"
 
 
-# --- Files and batches (issue 6) ------------------------------------------------------
-from typing import Any  # noqa: E402
-
-from scheduler.batches.service import batch_list_for_staff, batch_object, batch_progress_percent  # noqa: E402
-from scheduler.models import Batch, StoredFile  # noqa: E402
+# --- files and batches ---------------------------------------------------------------------
 
 
 @admin.register(StoredFile)

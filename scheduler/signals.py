@@ -7,7 +7,7 @@ from typing import Any
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from scheduler.batches.service import batch_changes
+from scheduler.batches.feeder import batch_changes
 from scheduler.models import Batch, Engine
 from scheduler.pools.policies import engine_changes
 

@@ -42,6 +42,7 @@ def test_the_layout_of_the_design_is_there():
         "protocol",
         "scheduler/engines",
         "scheduler/online",
+        "scheduler/batches/feeder.py",
         "scheduler/pools",
         "telemetry",
         "tenants",

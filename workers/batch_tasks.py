@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from scheduler.batches.service import batch_process, batches_tick_if_changed
+from scheduler.batches.feeder import batch_process, batches_tick_if_changed
 
 
 @shared_task(name="workers.batch_tick")

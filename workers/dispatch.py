@@ -56,7 +56,7 @@ from plumbing import wire
 from plumbing.aio_redis import Arg, AsyncRedis
 from plumbing.change_marks import cache_by_marks
 from plumbing.ttlcache import TtlCache
-from scheduler.batches.service import batch_line_finished
+from scheduler.batches.feeder import batch_line_finished
 from scheduler.engines.aio_client import AsyncEngineClient
 from scheduler.engines.auth import engine_api_key
 from scheduler.engines.supervisor import engine_check_unreachable

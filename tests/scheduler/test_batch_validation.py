@@ -4,12 +4,8 @@ import json
 
 import pytest
 
-from scheduler.batches.service import (
-    LineError,
-    output_record,
-    stop_error,
-    validate_input,
-)
+from scheduler.batches.objects import output_record, stop_error
+from scheduler.batches.validation import LineError, validate_input
 from scheduler.models import BatchLine
 
 

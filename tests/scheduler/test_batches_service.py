@@ -16,13 +16,9 @@ from django.utils import timezone
 
 from fairqueue.domain import Job
 from fairqueue.queue import FairQueue
-from scheduler.batches.service import (
-    batch_get,
-    batch_line_finished,
-    batch_object,
-    batch_process,
-    batches_tick_if_changed,
-)
+from scheduler.batches.feeder import batch_line_finished, batch_process, batches_tick_if_changed
+from scheduler.batches.objects import batch_object
+from scheduler.batches.selectors import batch_get
 from scheduler.models import Batch, BatchLine, BatchStatus, Device, Engine, EngineStatus, LineState
 from scheduler.pools.policies import fair_queue
 from tenants.models import UsageRecord
