@@ -20,7 +20,7 @@ from scheduler.selectors import (
     EngineGate,
     engine_gate,
 )
-from telemetry.sampling import engine_live
+from telemetry.engines import engine_live
 
 # --- live state: overview, engines, queues --------------------------------------------------
 

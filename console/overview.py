@@ -23,7 +23,7 @@ from scheduler.selectors import (
     device_list,
     engine_list,
 )
-from telemetry.sampling import gpu_live
+from telemetry.gpus import gpu_live
 
 
 @dataclass(frozen=True)

@@ -289,13 +289,13 @@ class ClusterCollector(Collector):
         yield from (depth, running, oldest, reserved, engine_reserved, inflight, offline)
 
     def _ledger(self) -> Iterator[Metric]:
-        from telemetry.sampling import (
+        from telemetry.ledger import (
             LATENCY_BUCKETS_S,
             TTFT_BUCKETS_S,
             WAIT_BUCKETS_S,
             ledger_counters,
-            rejection_counts,
         )
+        from telemetry.rejections import rejection_counts
 
         counters = ledger_counters()
         labels = ["tenant", "class", "model"]
@@ -325,7 +325,7 @@ class ClusterCollector(Collector):
 
     def _tenants(self) -> Iterator[Metric]:
         from capacity.units import units_to_bytes
-        from telemetry.sampling import unreserved_prompt_tokens
+        from telemetry.rejections import unreserved_prompt_tokens
         from tenants.models import Tenant
 
         quota = _gauge("gpushare_tenant_quota_bytes", ["tenant"])
@@ -343,7 +343,7 @@ class ClusterCollector(Collector):
     def _engines(self) -> Iterator[Metric]:
         from plumbing.redis import redis_client
         from scheduler.models import Engine
-        from telemetry.sampling import engine_live
+        from telemetry.engines import engine_live
 
         client = redis_client()
         labels = ["engine", "model"]
@@ -372,7 +372,7 @@ class ClusterCollector(Collector):
 
     def _gpus(self) -> Iterator[Metric]:
         from plumbing.redis import redis_client
-        from telemetry.sampling import gpu_live, gpus_key
+        from telemetry.gpus import gpu_live, gpus_key
 
         client = redis_client()
         labels = ["node", "gpu"]
@@ -480,9 +480,9 @@ async def rejection_hook(
     *, authorization: str, request_class: str, endpoint: str, exc: DomainError
 ) -> None:
     """Called where the OpenAI API turns a domain error into a response: notes it with one
-    Redis HINCRBY (telemetry.sampling.rejection_note). Never raises: counting must not
+    Redis HINCRBY (telemetry.rejections.rejection_note). Never raises: counting must not
     change the answer."""
-    from telemetry.sampling import rejection_note
+    from telemetry.rejections import rejection_note
 
     fields: dict[str, Any] = {
         "authorization": authorization,

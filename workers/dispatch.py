@@ -62,7 +62,7 @@ from scheduler.engines.auth import engine_api_key
 from scheduler.engines.supervisor import engine_check_unreachable
 from scheduler.models import Engine
 from scheduler.pools.policies import engine_changes, fair_queue
-from telemetry.sampling import UNRESERVED_KEY
+from telemetry.rejections import UNRESERVED_KEY
 from tenants.limits import Admission, limits_settle
 from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
 from tenants.usage_buffer import end_user

@@ -8,7 +8,7 @@ from celery import shared_task
 
 from plumbing.redis import redis_client
 from scheduler.pools.policies import fair_queue, sync_engines_if_changed
-from telemetry.sampling import timeouts_record
+from telemetry.rejections import timeouts_record
 from tenants.usage_buffer import usage_flush
 from workers.dispatch import dispatch_pool
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from celery import shared_task
 
-from telemetry.sampling import telemetry_rollup, telemetry_sample
+from telemetry.history import telemetry_rollup
+from telemetry.sampling import telemetry_sample
 
 
 @shared_task(name="workers.telemetry_sample")

@@ -19,7 +19,8 @@ from scheduler.engines.progress import action_pending, progress_begin, progress_
 from scheduler.engines.supervisor import EngineStartError
 from scheduler.models import Device, DeviceKind, Engine, EngineStatus
 from scheduler.pools.policies import fair_queue
-from telemetry.sampling import engine_key, gpu_key
+from telemetry.engines import engine_key
+from telemetry.gpus import gpu_key
 from tenants.models import Tenant
 from tests.factories import TenantFactory
 from workers.engine_tasks import start_engine

@@ -21,9 +21,10 @@ from fairqueue.domain import TenantPolicy
 from plumbing.redis import redis_client
 from scheduler.gpu_inventory import GpmActivity
 from scheduler.pools.policies import fair_queue
-from telemetry import sampling as telemetry
+from telemetry import gpus
 from telemetry.exporter import CLUSTER_METRICS, PROCESS_METRICS
-from telemetry.sampling import rejection_note, telemetry_sample
+from telemetry.rejections import rejection_note
+from telemetry.sampling import telemetry_sample
 from tenants.models import Tenant, UsageRecord
 from tenants.services import IssuedKey
 from tests.asgi import asgi_request
@@ -72,9 +73,7 @@ def busy(
     finished requests in the ledger, a 429, and two sampler ticks."""
     FakeNvml([55]).install(monkeypatch)
     activity = GpmActivity(sm_activity=0.5, tensor_activity=0.125)  # a GPU with GPM
-    monkeypatch.setattr(
-        telemetry, "gpm_activity", lambda handles, window_s: [activity] * len(handles)
-    )
+    monkeypatch.setattr(gpus, "gpm_activity", lambda handles, window_s: [activity] * len(handles))
     engine = make_engine(stub_engine.port, kind="gpu")
     register(engine, kv_budget_units=4)
     reserve(engine, 1)  # acme holds 1 unit on the engine
@@ -206,7 +205,7 @@ def test_ledger_counters_and_histograms(busy: Tenant):
 
 
 def test_histograms_have_every_bucket_ascending_and_cumulative(busy: Tenant):
-    from telemetry.sampling import LATENCY_BUCKETS_S, TTFT_BUCKETS_S, WAIT_BUCKETS_S
+    from telemetry.ledger import LATENCY_BUCKETS_S, TTFT_BUCKETS_S, WAIT_BUCKETS_S
 
     samples = scrape()
     labels = {"tenant": "acme", "class": "standard", "model": "m"}
@@ -300,7 +299,7 @@ def test_a_metrics_token_when_set_is_required(redis_db, settings, page):
 
 
 def test_prompt_tokens_used_beyond_their_reservation_are_a_counter_by_tenant(busy: Tenant):
-    from telemetry.sampling import UNRESERVED_KEY
+    from telemetry.rejections import UNRESERVED_KEY
 
     assert value(scrape(), "gpushare_unreserved_prompt_tokens_total", tenant="acme") == 0
     redis_client().hincrby(UNRESERVED_KEY, "acme", 6)

@@ -22,21 +22,20 @@ from fairqueue.domain import EnginePolicy, TenantPolicy
 from scheduler.gpu_inventory import GpmActivity, node_name
 from scheduler.models import Device, Engine
 from scheduler.pools.policies import fair_queue
+from telemetry import gpus, ledger, rejections
 from telemetry import sampling as telemetry
+from telemetry.engines import engine_live
+from telemetry.gpus import gpu_live, read_gpus
+from telemetry.history import telemetry_rollup
+from telemetry.ledger import ledger_counters, ledger_fold
 from telemetry.models import EngineSample, GpuSample, Resolution
-from telemetry.sampling import (
+from telemetry.rejections import (
     PENDING_REJECTIONS_KEY,
-    engine_live,
-    gpu_live,
-    ledger_counters,
-    ledger_fold,
-    read_gpus,
     rejection_counts,
     rejection_note,
     rejections_drain,
-    telemetry_rollup,
-    telemetry_sample,
 )
+from telemetry.sampling import telemetry_sample
 from tenants.models import Tenant, UsageRecord
 from tenants.reports import tenant_usage_report
 from tenants.services import IssuedKey
@@ -267,9 +266,7 @@ def test_a_gpu_engine_counts_its_gpus_tensor_activity(
 ):
     FakeNvml([100]).install(monkeypatch)
     activity = GpmActivity(sm_activity=0.77, tensor_activity=0.71)
-    monkeypatch.setattr(
-        telemetry, "gpm_activity", lambda handles, window_s: [activity] * len(handles)
-    )
+    monkeypatch.setattr(gpus, "gpm_activity", lambda handles, window_s: [activity] * len(handles))
     engine = make_engine(stub_engine.port, kind="gpu")
     register(engine)
     (reading,) = telemetry_sample(check_engines=False).engines
@@ -382,7 +379,7 @@ def test_time_to_first_token_is_folded_into_buckets_when_a_token_came(
     ttft = {k[4]: v for k, v in counters.items() if k[0] == "ttft"}
     # 0.24 s falls in the 0.25 s bucket (index 2); 4 s in the 5 s one (index 9).
     assert ttft == {"2": 1, "9": 1}
-    assert (telemetry.TTFT_BUCKETS_S[2], telemetry.TTFT_BUCKETS_S[9]) == (0.25, 5.0)
+    assert (ledger.TTFT_BUCKETS_S[2], ledger.TTFT_BUCKETS_S[9]) == (0.25, 5.0)
     assert counters[("ttft_sum", "acme", "standard", "m")] == pytest.approx(4.24)
 
 
@@ -535,8 +532,8 @@ def test_jobs_the_queue_expired_become_timeout_rows_once(live, owner_key: Issued
                         now=1000.0)  # fmt: skip
     expired = queue.expire_waiting(now=1000.0 + 3600)
     assert expired == [job.job_id]
-    assert telemetry.timeouts_record(queue, expired, now=1031.5) == 1
-    assert telemetry.timeouts_record(queue, expired, now=1040.0) == 1  # written again: no-op
+    assert rejections.timeouts_record(queue, expired, now=1031.5) == 1
+    assert rejections.timeouts_record(queue, expired, now=1040.0) == 1  # written again: no-op
     row = UsageRecord.objects.get()
     assert (row.request_id, row.outcome, row.status_code, row.error_code) == (
         job.job_id, "timeout", 503, "queue_timeout",

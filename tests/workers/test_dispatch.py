@@ -16,7 +16,7 @@ import pytest
 
 from fairqueue import EnginePolicy, FairQueue, Job, TenantPolicy
 from scheduler.pools.policies import fair_queue
-from telemetry.sampling import unreserved_prompt_tokens
+from telemetry.rejections import unreserved_prompt_tokens
 from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
 from workers import dispatch as dispatch_module
 from workers import tasks
