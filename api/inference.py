@@ -1,4 +1,4 @@
-"""The OpenAI-compatible API: models, chat completions, completions and responses.
+"""The OpenAI inference endpoints: chat completions, completions, embeddings and responses.
 
 The inference endpoints are a lean ASGI app that `config/asgi.py` puts in front of Django for
 those paths (`inference_app`): a request waits in the fair queue and then streams, and
@@ -10,7 +10,7 @@ README "Measurements"), for middleware a bearer-key JSON API does not use. Nothi
 blocks the event loop: Redis is asked through an asyncio client, and the database and other
 synchronous work run in a thread pool (`scheduler.online.admission`).
 
-`/v1/models` stays a DRF view. Errors are OpenAI-shaped, always.
+Errors are OpenAI-shaped, always.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import (
     AsyncGenerator,
     Awaitable,
@@ -32,19 +31,12 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.db import DatabaseError
-from drf_spectacular.utils import extend_schema
-from rest_framework import serializers
-from rest_framework.request import Request
-from rest_framework.response import Response
 
 from plumbing import wire
 from plumbing.errors import DomainError, openai_error_body
 from protocol.inference import Endpoint, InvalidRequest, parse_inference_request
-from scheduler.models import EngineStatus
 from scheduler.online import admission as online
-from scheduler.selectors import engine_list
 from telemetry.exporter import rejection_hook
-from tenants.auth import TenantApiView
 from tenants.models import ApiKey
 
 log = logging.getLogger(__name__)
@@ -394,43 +386,3 @@ def _event_error(admitted: online.Admitted, event: dict[str, Any]) -> dict[str, 
         exc = online.expired_error(admitted)
         return openai_error_body(exc.message, exc.error_type, exc.code)
     return _stream_error("The request was cancelled.", "cancelled")
-
-
-class ModelOutput(serializers.Serializer[Any]):
-    id = serializers.CharField()
-    object = serializers.CharField(default="model")
-    created = serializers.IntegerField()
-    owned_by = serializers.CharField()
-
-
-def _visible_models(request: Request, view: TenantApiView) -> list[dict[str, Any]]:
-    tenant = view.principal.tenant
-    engines = engine_list(status=EngineStatus.READY).filter(
-        dedicated_tenant__isnull=True
-    ) | engine_list(status=EngineStatus.READY).filter(dedicated_tenant=tenant)
-    names: dict[str, int] = {}
-    for engine in engines:
-        started = int(engine.started_at.timestamp()) if engine.started_at else int(time.time())
-        if tenant.allows_model(engine.served_model_name):
-            names.setdefault(engine.served_model_name, started)
-    return [
-        {"id": name, "object": "model", "created": created, "owned_by": "gpushare"}
-        for name, created in sorted(names.items())
-    ]
-
-
-class ModelListApi(TenantApiView):
-    """`GET /v1/models`: the models this tenant may use that have a ready engine."""
-
-    @extend_schema(responses=ModelOutput(many=True))
-    def get(self, request: Request) -> Response:
-        return Response({"object": "list", "data": _visible_models(request, self)})
-
-
-class ModelDetailApi(TenantApiView):
-    @extend_schema(responses=ModelOutput)
-    def get(self, request: Request, model: str) -> Response:
-        for entry in _visible_models(request, self):
-            if entry["id"] == model:
-                return Response(entry)
-        raise online.ModelNotFound(f"The model '{model}' does not exist.", param="model")

@@ -5,16 +5,16 @@ from django.urls import path
 
 # auth_schema: how the schema describes the API's credentials (drf-spectacular extensions,
 # registered when imported).
-from api import admin, auth_schema, batches, inference, usage  # noqa: F401
+from api import admin, auth_schema, batches, files, served_models, usage  # noqa: F401
 
 openai_urlpatterns = [
     path("me", admin.WhoAmIApi.as_view(), name="v1-me"),
     path("usage", usage.OwnUsageApi.as_view(), name="v1-usage"),
-    path("models", inference.ModelListApi.as_view(), name="v1-models"),
-    path("models/<path:model>", inference.ModelDetailApi.as_view(), name="v1-model"),
-    path("files", batches.FileListCreateApi.as_view(), name="v1-files"),
-    path("files/<str:file_id>", batches.FileDetailApi.as_view(), name="v1-file"),
-    path("files/<str:file_id>/content", batches.FileContentApi.as_view(), name="v1-file-content"),
+    path("models", served_models.ModelListApi.as_view(), name="v1-models"),
+    path("models/<path:model>", served_models.ModelDetailApi.as_view(), name="v1-model"),
+    path("files", files.FileListCreateApi.as_view(), name="v1-files"),
+    path("files/<str:file_id>", files.FileDetailApi.as_view(), name="v1-file"),
+    path("files/<str:file_id>/content", files.FileContentApi.as_view(), name="v1-file-content"),
     path("batches", batches.BatchListCreateApi.as_view(), name="v1-batches"),
     path("batches/<str:batch_id>", batches.BatchDetailApi.as_view(), name="v1-batch"),
     path("batches/<str:batch_id>/cancel", batches.BatchCancelApi.as_view(), name="v1-batch-cancel"),

@@ -36,7 +36,7 @@ from plumbing.redis import redis_client
 
 log = logging.getLogger(__name__)
 
-CLAIM_KEY = "gpushare:tick:{name}"
+CLAIM_KEY = "gs:tick:{name}"
 
 
 @dataclass(frozen=True)

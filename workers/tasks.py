@@ -13,7 +13,7 @@ from tenants.usage_buffer import usage_flush
 from workers.dispatch import dispatch_pool
 
 log = logging.getLogger(__name__)
-PING_KEY = "gpushare:worker-ping:{token}"
+PING_KEY = "gs:worker-ping:{token}"
 
 
 @shared_task(name="workers.ping")

@@ -142,7 +142,7 @@ def test_a_job_is_claimed_only_when_its_own_interval_came_round_here(
     ticker = Ticker(lambda: jobs, 1.0, client=lambda: redis_db)
     for second in range(6):
         ticker._tick(now=1000.0 + second)
-        redis_db.delete("gpushare:tick:often")  # its claim would have expired by the next tick
+        redis_db.delete("gs:tick:often")  # its claim would have expired by the next tick
         # A second passes between real ticks: the runs claimed here end before the next one
         # (on a loaded machine the pool's thread may not have run them yet).
         deadline = time.monotonic() + 5.0
