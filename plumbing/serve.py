@@ -5,8 +5,8 @@ The same command line as `uvicorn` (every option is uvicorn's own), served by `C
 uvicorn's server wakes every 100 ms to see whether it should stop and, every tenth wake, to
 write the `date` header it sends; on those wakes alone an idle web process spent 2.3 ms of CPU
 per second, 0.2 with one wake a second (the platform's web, idle, back to back on the 2-core
-test machine; docs/BENCHMARKS.md). Once a second keeps the `date` header exact to the second,
-as before; a signal to stop now takes up to a second to be noticed.
+test machine; docs/archive/benchmarks-2026.md). Once a second keeps the `date` header exact to
+the second, as before; a signal to stop now takes up to a second to be noticed.
 
 It also keeps an idle client connection open for `KEEP_ALIVE_S` unless the command line
 says otherwise (`--timeout-keep-alive`); see there why uvicorn's 5 s is not kept.

@@ -41,7 +41,8 @@ def _refuse_on_a_loop() -> None:
     the version read is a Redis round trip that Django does not guard, and a compute started
     on the loop builds and compiles its query before Django refuses it (for every request
     that comes while an entry waits for its refresh: measured at a fifth of the web's CPU,
-    py-spy, bench/online_overhead.py; docs/BENCHMARKS.md, 2026-12-03, fourth session)."""
+    py-spy, bench/online_overhead.py; docs/archive/benchmarks-2026.md, 2026-12-03, fourth
+    session)."""
 
 
 class _Entry(NamedTuple, Generic[V]):

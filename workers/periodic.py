@@ -3,8 +3,9 @@
 The ledger flush, housekeeping, the batch feeder, the telemetry sampler and the scaler run
 every 1 to 10 s. They used to come as Celery beat messages, one `tick` a second at the end;
 a message costs the sender, the worker and Redis several ms of CPU whatever the task does
-(kombu's bookkeeping of delivery, acknowledgement and routing; docs/BENCHMARKS.md), more
-than the flush or the housekeeping it carried, and more than a request's own handling. So
+(kombu's bookkeeping of delivery, acknowledgement and routing;
+docs/archive/benchmarks-2026.md), more than the flush or the housekeeping it carried, and
+more than a request's own handling. So
 each worker process runs them from a ticker thread of its own (`Ticker`), at the shortest
 of their intervals, each job in a thread of a small pool so that a slow one holds back only
 itself, and no message crosses the broker.

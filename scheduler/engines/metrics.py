@@ -65,7 +65,7 @@ def _wanted_samples(text: str) -> Iterator[tuple[str, str, float]]:
     format (`name{labels} value [timestamp]`). Not a general parser: vLLM's page is mostly
     histogram buckets, and prometheus_client's parser, even fed only the wanted lines, was a
     fifth of the telemetry sampler's CPU; each wanted name is looked for at the start of a
-    line instead of reading every line (docs/BENCHMARKS.md)."""
+    line instead of reading every line (docs/archive/benchmarks-2026.md)."""
     page = "\n" + text
     for name in WANTED:
         marker = "\n" + name
