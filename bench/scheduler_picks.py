@@ -12,7 +12,7 @@ pick (from INFO cpu), which says how many picks one Redis core can serve whateve
 machine runs.
 
     .venv/bin/python bench/scheduler_picks.py --picks 5000 --clients 4
-Goal (issue 4): >= 5,000 picks/s and p99 under 2 ms on one core.
+The goal: >= 5,000 picks/s and p99 under 2 ms on one core.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The platform as users run it, measured with vLLM's own benchmark client (issue 29).
+"""The platform as users run it, measured with vLLM's own benchmark client.
 
 Starts the platform exactly as `make run` does (`bash scripts/run.sh`: SQLite under var/, the
 web on 127.0.0.1:8000, the demo engine "demo" on port 8100 with 16 seats, 8 worker threads),

@@ -1,4 +1,5 @@
-"""Capacity planning from the seeds' formulas. Pure Python: no Django, no database.
+"""Capacity planning from the formulas of the source design documents (docs/ARCHITECTURE.md,
+"Where the numbers come from"). Pure Python: no Django, no database.
 
 Two questions an operator asks before buying or placing cards:
 
@@ -31,10 +32,11 @@ from capacity.units import (
     gpu_memory_utilization,
 )
 
-# The seeds: "安全系数(通常取0.7~0.85)" and "常驻热池按日均峰值的70%配置".
+# The source design documents: "安全系数(通常取0.7~0.85)" (a safety factor, usually 0.7 to 0.85)
+# and "常驻热池按日均峰值的70%配置" (the resident hot pool sized at 70% of the daily peak).
 SAFETY_FACTOR_RANGE = (0.7, 0.85)
 DEFAULT_HOT_FRACTION = 0.7
-# The seeds keep memory below 85% and alert on KV-cache usage above it.
+# The source design documents keep memory below 85% and alert on KV-cache usage above it.
 KV_ALERT_FRACTION = 0.85
 # vLLM runs at most this many sequences at once unless --max-num-seqs says otherwise.
 VLLM_DEFAULT_MAX_NUM_SEQS = 256
@@ -184,7 +186,7 @@ class MemoryPlan:
 
     @property
     def requests_below_alert(self) -> int:
-        """Requests that keep KV-cache usage under the seeds' 85% alert line."""
+        """Requests that keep KV-cache usage under the 85% alert line (docs/ARCHITECTURE.md)."""
         if self.request_kv_bytes == 0:
             return 0
         return int(self.engine_kv_bytes * KV_ALERT_FRACTION) // self.request_kv_bytes

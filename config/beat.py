@@ -2,10 +2,9 @@
 
 Stock beat files each entry in its heap 10 ms before it is due (the `drift` of `adjust`), then
 asks the entry itself, which says "not yet" for those last 10 ms: the entry is filed again at
-a moment already past and beat ticks again at once, without sleeping, until it is due. With
-entries due every second or two, that spin was most of what beat cost: about 87 ticks a
-second instead of 3, and 18-22 ms of CPU a second on an idle platform (measured with cProfile
-and /proc). Filing entries at the moment they are due leaves one tick per due entry.
+a moment already past and beat ticks again at once, without sleeping, until it is due: most of
+what an idle beat costs. Filing entries at the moment they are due leaves one tick per due
+entry (docs/decisions/0007-periodic-work-on-each-workers-ticker.md).
 """
 
 from __future__ import annotations
@@ -14,8 +13,8 @@ from celery.beat import Scheduler
 
 
 class PunctualScheduler(Scheduler):
-    """The in-memory scheduler (nothing to lose on a restart: every entry runs every few
-    seconds, the longest every few minutes), waking when an entry is due, not 10 ms before."""
+    """The in-memory scheduler (nothing to lose on a restart: beat's only entry, the telemetry
+    rollup, runs every few minutes), waking when an entry is due, not 10 ms before."""
 
     # `n` is seconds (a float), typed as celery-types has it.
     def adjust(self, n: int, drift: float = 0.0) -> float:

@@ -167,17 +167,17 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # Well above the longest job, or Redis re-delivers a job that is still running.
     "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT_S", 6 * 3600),
     # How long a worker's BRPOP for messages waits before it is sent again (kombu's default:
-    # 1 s). A message ends the wait at once; an idle worker asked Redis every second for
-    # nothing (the consumer's loop was a sixth of an idle worker's CPU).
+    # 1 s). A message ends the wait at once; a shorter wait has an idle worker ask Redis
+    # for nothing every second (docs/decisions/0007-periodic-work-on-each-workers-ticker.md).
     "polling_interval": env_float("CELERY_BROKER_POLLING_INTERVAL_S", 5.0),
 }
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TIMEZONE = TIME_ZONE
-# Beat keeps its schedule in memory: every periodic task runs every few seconds (the longest
-# every few minutes), so nothing is lost by forgetting the last run times on a restart, and
-# the default file-backed scheduler cost beat half again as much CPU (measured idle: 18 vs
-# 12 ms per second). It wakes when an entry is due, not in a busy loop for the 10 ms before
-# (config/beat.py: idle beat 10 -> 2 ms of CPU per second).
+# Beat keeps its schedule in memory: it sends only the telemetry rollup (every few minutes;
+# the frequent jobs run on the workers' ticker, workers.periodic), so nothing is lost by
+# forgetting the last run times on a restart, and a file-backed schedule costs beat more CPU.
+# It wakes when an entry is due, not in a busy loop for the 10 ms before (config/beat.py;
+# docs/decisions/0007-periodic-work-on-each-workers-ticker.md).
 CELERY_BEAT_SCHEDULER = "config.beat:PunctualScheduler"
 
 # --- REST framework -------------------------------------------------------------------
@@ -233,7 +233,7 @@ GPUSHARE_UNIT_BYTES = 256 * 1024 * 1024
 # --- Readiness --------------------------------------------------------------------------
 GPUSHARE_READY_TIMEOUT_S = env_float("GPUSHARE_READY_TIMEOUT_S", 2.0)
 
-# --- Engines (issue 3) ------------------------------------------------------------------
+# --- Engines ----------------------------------------------------------------------------
 # This node's name: devices are recorded per node and an engine is started on its device's
 # node. Empty: the host name.
 GPUSHARE_NODE_NAME = env_str("GPUSHARE_NODE_NAME", "")
@@ -267,7 +267,7 @@ GPUSHARE_WEB_STREAMS_FROM_ENGINE = env_bool("GPUSHARE_WEB_STREAMS_FROM_ENGINE", 
 GPUSHARE_ENGINE_HEALTH_MISSES = env_int("GPUSHARE_ENGINE_HEALTH_MISSES", 3)
 
 
-# --- Scheduler (issue 4) ----------------------------------------------------------------
+# --- Scheduler --------------------------------------------------------------------------
 # Dispatch shares between the request classes, in the order interactive, standard, offline:
 # weighted, never strict priority, so no class starves.
 GPUSHARE_SCHED_CLASS_WEIGHTS = [
@@ -306,7 +306,7 @@ GPUSHARE_WORKER_MAX_RUNS = env_int("GPUSHARE_WORKER_MAX_RUNS", 1024)
 # them back to the queue.
 GPUSHARE_WORKER_DRAIN_S = env_float("GPUSHARE_WORKER_DRAIN_S", 30.0)
 
-# --- Online path (issue 5) ------------------------------------------------------------
+# --- Online path ----------------------------------------------------------------------
 # Largest JSON body the OpenAI-compatible API accepts (413 above it).
 GPUSHARE_MAX_BODY_BYTES = env_int("GPUSHARE_MAX_BODY_BYTES", 4 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = GPUSHARE_MAX_BODY_BYTES
@@ -337,7 +337,7 @@ GPUSHARE_USAGE_FLUSH_INTERVAL_S = env_float("GPUSHARE_USAGE_FLUSH_INTERVAL_S", 1
 CELERY_IMPORTS: list[str] = ["workers.tasks", "workers.periodic"]
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 
-# --- Batches (issue 6) ----------------------------------------------------------------
+# --- Batches --------------------------------------------------------------------------
 # Uploaded JSONL files and batch outputs, one folder (or key prefix) per tenant: on this
 # machine's disk under GPUSHARE_BATCH_FILES_DIR, or in an S3-compatible bucket when
 # GPUSHARE_FILES_S3_BUCKET is set. Web and workers on different machines share no disk, so a
@@ -379,7 +379,7 @@ GPUSHARE_BATCH_FEED_INTERVAL_S = env_float("GPUSHARE_BATCH_FEED_INTERVAL_S", 2.0
 GPUSHARE_BATCH_LOST_GRACE_S = env_float("GPUSHARE_BATCH_LOST_GRACE_S", 10.0)
 CELERY_IMPORTS.append("workers.batch_tasks")
 
-# --- Telemetry and reports (issue 7) ------------------------------------------------------
+# --- Telemetry and reports --------------------------------------------------------------
 # How often the sampler reads GPUs and engines (seconds), and the time constant of the moving
 # average of NVML's utilization.gpu (exported; the offline gate does not read it).
 GPUSHARE_TELEMETRY_INTERVAL_S = env_float("GPUSHARE_TELEMETRY_INTERVAL_S", 5.0)
@@ -403,7 +403,7 @@ CELERY_BEAT_SCHEDULE["telemetry-rollup"] = {
     "options": {"expires": GPUSHARE_TELEMETRY_ROLLUP_INTERVAL_S},
 }
 
-# --- Pools and scaling (issue 10) ---
+# --- Pools and scaling ------------------------------------------------------------------
 # How often the scaler samples each pool's online queue and decides (scheduler.pools.scaling).
 GPUSHARE_SCALER_INTERVAL_S = env_float("GPUSHARE_SCALER_INTERVAL_S", 10.0)
 # A start or drain no worker on the engine's node carried out within this long fails (and
@@ -416,9 +416,10 @@ CELERY_IMPORTS.append("workers.scaling_tasks")
 # --- The periodic tick ---------------------------------------------------------------
 # Each worker process runs the frequent periodic jobs (ledger flush, housekeeping, batch
 # feeder, telemetry sampler, scaler) from a thread of its own, each at its interval above,
-# once per interval in the whole platform (workers.periodic): as beat messages they cost
-# more CPU than the work they carried. False: this worker leaves them to the others.
+# once per interval in the whole platform (workers.periodic): a Celery message costs more
+# CPU than any of these jobs (docs/decisions/0007-periodic-work-on-each-workers-ticker.md).
+# False: this worker leaves them to the others.
 GPUSHARE_WORKER_TICK = env_bool("GPUSHARE_WORKER_TICK", True)
 
-# --- Console (issue 8) ------------------------------------------------------------------
+# --- Console ----------------------------------------------------------------------------
 CELERY_IMPORTS.append("workers.engine_tasks")

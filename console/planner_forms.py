@@ -14,7 +14,8 @@ from capacity.planner import GPU_PRESETS, MODEL_PRESETS, SAFETY_FACTOR_RANGE
 CUSTOM = "custom"
 MODEL_FIELDS = ("num_layers", "num_kv_heads", "head_dim", "dtype_bytes", "weights_gib")
 
-# A fresh page: the seeds' example request (600 prompt + 120 output tokens) on a common card.
+# A fresh page: the worked example of the source design documents (600 prompt + 120 output
+# tokens; docs/ARCHITECTURE.md) on a common card.
 DEFAULTS: dict[str, str] = {
     "preset": "llama-3-8b",
     "gpu": "a100-80",

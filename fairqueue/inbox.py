@@ -1,12 +1,12 @@
 """A waiting process's inbox: the events of every job it waits on, read many at a time.
 
 A web process waits on hundreds of jobs at once, and a streamed answer is an event per token.
-Read with a BLPOP per job and per event, every token cost a round trip to Redis and a wake-up
-of the web; the engine's batch decodes in step (a token for every stream at each step), so
-those round trips came in bursts of as many as there were streams. Here the process has one
-list (`Keys.inbox`), which the queue's scripts and the workers append its jobs' events to
-(`lua/lib.lua` emit_raw, `workers/runner.Relay`), and one reader that takes whatever is there
-in one round trip and hands each event to its job's waiter in the process.
+Read with a BLPOP per job and per event, every token would cost a round trip to Redis and a
+wake-up of the web; the engine's batch decodes in step (a token for every stream at each
+step), so those round trips would come in bursts of as many as there are streams. Here the
+process has one list (`Keys.inbox`), which the queue's scripts and the workers append its
+jobs' events to (`lua/lib.lua` emit_raw, `workers/runner.Relay`), and one reader that takes
+whatever is there in one round trip and hands each event to its job's waiter in the process.
 
 An entry is `<job id> <event>`: the event is JSON, or for a streamed chunk `c<attempt> ` and
 the chunk's JSON as the engine sent it, passed on to the client unparsed.

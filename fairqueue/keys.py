@@ -1,8 +1,8 @@
 """Every Redis key the fair queue uses, named in one place.
 
 The Lua scripts build the same names from the same prefix (see `lua/lib.lua`, whose key
-functions mirror these one for one; `tests/scheduler/test_fairqueue_keys.py` checks that
-they agree). One Redis instance is assumed: scripts touch keys they derive at run time.
+functions mirror these one for one; `tests/fairqueue/test_lifecycle.py` checks that they
+agree). One Redis instance is assumed: scripts touch keys they derive at run time.
 
 Layout (prefix defaults to ``gs:fq:``):
 

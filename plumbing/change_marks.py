@@ -1,9 +1,10 @@
 """Change marks: a periodic job skips its database reads while the rows it reads are unchanged.
 
 Housekeeping copies the engines' rows to the fair queue every 2 s and the batch feeder looks
-for active batches every 2 s. On a platform whose engines and batches sit still, both read the
-same rows again and again, and an ORM query costs about 1 ms of CPU: more, spread over the
-requests of a second, than a request's own share of the worker (docs/archive/benchmarks-2026.md).
+for active batches every 2 s. On a platform whose engines and batches sit still, both would
+read the same rows again and again, and an ORM query costs about 1 ms of CPU: more, spread
+over the requests of a second, than a request's own share of the worker
+(docs/decisions/0007-periodic-work-on-each-workers-ticker.md).
 
 A mark is a counter in Redis that each save of those rows bumps once its transaction commits.
 The job keeps in Redis the count it last acted on, and acts again only when the count moved,

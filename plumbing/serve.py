@@ -3,10 +3,10 @@ a second instead of ten times.
 
 The same command line as `uvicorn` (every option is uvicorn's own), served by `CalmServer`.
 uvicorn's server wakes every 100 ms to see whether it should stop and, every tenth wake, to
-write the `date` header it sends; on those wakes alone an idle web process spent 2.3 ms of CPU
-per second, 0.2 with one wake a second (the platform's web, idle, back to back on the 2-core
-test machine; docs/archive/benchmarks-2026.md). Once a second keeps the `date` header exact to
-the second, as before; a signal to stop now takes up to a second to be noticed.
+write the `date` header it sends: those wakes are nearly all an idle web process's CPU, and
+one wake a second costs a tenth of it
+(docs/decisions/0007-periodic-work-on-each-workers-ticker.md). Once a second keeps the `date`
+header exact to the second; a signal to stop takes up to a second to be noticed.
 
 It also keeps an idle client connection open for `KEEP_ALIVE_S` unless the command line
 says otherwise (`--timeout-keep-alive`); see there why uvicorn's 5 s is not kept.
@@ -29,11 +29,11 @@ _COUNTER_WRAP = 864_000
 
 # How long an idle client connection stays open. uvicorn's 5 s is the keep-alive expiry of
 # httpx (and so of the `openai` client) too: a client that reuses its connection just as the
-# server closes it gets a connection reset for a request the server never read (seen in
-# bench/online_overhead.py on a busy 2-core machine: the web's FIN came 5.4 s after its last
-# answer and crossed the client's next request, which the web's kernel answered with RST).
-# The side that closes idle connections must be the client or the proxy in front (nginx's
-# upstream keep-alive and cloud load balancers idle out at 60 s), so the web waits longer.
+# server closes it gets a connection reset for a request the server never read (the server's
+# FIN crosses the client's next request, and the server's kernel answers it with RST;
+# docs/decisions/0008-the-request-path-spends-cpu-once.md). The side that closes idle
+# connections must be the client or the proxy in front (nginx's upstream keep-alive and cloud
+# load balancers idle out at 60 s), so the web waits longer.
 KEEP_ALIVE_S = 75
 
 

@@ -5,9 +5,10 @@ few seconds of staleness is the price of not asking the database on every reques
 says what that staleness means for it.
 
 An entry that has just run out is refreshed by one thread while the others keep using the
-old value for the moment that takes: under load, every thread of a pool used to find the
-entry gone at the same instant and ask the database the same question at once (measured in
-the worker: the engine lookup of every running job, each time the entry ran out).
+old value for the moment that takes: under load, every thread of a pool would otherwise find
+the entry gone at the same instant and ask the database the same question at once (in the
+worker: the engine lookup of every running job, each time the entry runs out;
+docs/decisions/0008-the-request-path-spends-cpu-once.md).
 
 A refresh reads the entry's version (Redis) and, when need be, computes it again (the
 database): both block their thread, so no refresh starts on a thread that runs an event loop
@@ -39,10 +40,9 @@ _UNKNOWN = object()
 def _refuse_on_a_loop() -> None:
     """Django's own rule (and its DJANGO_ALLOW_ASYNC_UNSAFE), applied before a refresh starts:
     the version read is a Redis round trip that Django does not guard, and a compute started
-    on the loop builds and compiles its query before Django refuses it (for every request
-    that comes while an entry waits for its refresh: measured at a fifth of the web's CPU,
-    py-spy, bench/online_overhead.py; docs/archive/benchmarks-2026.md, 2026-12-03, fourth
-    session)."""
+    on the loop builds and compiles its query before Django refuses it, for every request
+    that comes while an entry waits for its refresh: a large share of the web's CPU under
+    load (docs/decisions/0008-the-request-path-spends-cpu-once.md)."""
 
 
 class _Entry(NamedTuple, Generic[V]):

@@ -2,10 +2,10 @@
 
 A request's JSON is read and written about a dozen times on its way (the client's body, the
 job's payload in the web and again in the worker, the body sent to the engine and its
-answer, the `done` event, the ledger row, the reply): with the standard library that was a
-fifth of the worker's Python time and a seventh of the web's (py-spy, bench/
-stand_in_overhead.py). orjson reads a chat answer in a third of the time and writes it in
-three fifths (measured alone, 1.1 KB).
+answer, the `done` event, the ledger row, the reply): with the standard library, a fifth of
+the worker's Python time and a seventh of the web's. orjson reads a chat answer in about a
+third of the standard library's time and writes it in about three fifths
+(docs/decisions/0008-the-request-path-spends-cpu-once.md).
 
 The two disagree at the edges, and the platform must not change a request on the way:
 - orjson writes NaN and Infinity as null, and reads integers beyond 64 bits as floats;
@@ -13,8 +13,8 @@ The two disagree at the edges, and the platform must not change a request on the
   engine takes), so they never reach the payload.
 - What orjson will not write (a lone surrogate, an integer beyond 64 bits, a key that is
   not a string) is written by the standard library instead, and what it will not read
-  (NaN, a lone surrogate escaped) is read by it: nothing that passed between the processes
-  before fails now.
+  (NaN, a lone surrogate escaped) is read by it: whatever the standard library passes
+  between the processes, this passes too.
 """
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ class BatchAdmin(admin.ModelAdmin[Batch]):
         return f"{counts['completed']}/{counts['failed']}/{counts['total']}"
 
 
-# --- Pools and scaling (issue 10) -------------------------------------------------------
+# --- Pools and scaling ------------------------------------------------------------------
 
 from scheduler.models import Pool, ScalingDecision  # noqa: E402
 

@@ -175,7 +175,7 @@ class Engine(models.Model):
         return format_units(self.footprint_units)
 
 
-# --- Files and batches (issue 6) ------------------------------------------------------
+# --- Files and batches ----------------------------------------------------------------
 
 
 class FilePurpose(models.TextChoices):
@@ -344,7 +344,7 @@ class BatchLine(models.Model):
         return f"{self.batch_id}:{self.custom_id}"
 
 
-# --- Pools and scaling (issue 10) -------------------------------------------------------
+# --- Pools and scaling ------------------------------------------------------------------
 
 
 class Pool(models.Model):

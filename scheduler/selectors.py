@@ -132,7 +132,7 @@ def tenant_dedicated_units(*, tenant: Tenant, exclude_engine: Engine | None = No
     return engines.aggregate(total=Sum("footprint_units"))["total"] or 0
 
 
-# --- Pools and scaling (issue 10) -------------------------------------------------------
+# --- Pools and scaling ------------------------------------------------------------------
 
 
 def pool_list(*, enabled_only: bool = False) -> QuerySet[Pool]:

@@ -252,7 +252,7 @@ def engine_check_room_to_start(*, engine: Engine) -> None:
     )
 
 
-# --- Pools and scaling (issue 10) -------------------------------------------------------
+# --- Pools and scaling ------------------------------------------------------------------
 
 POOL_PROFILE_FIELDS = (
     "model_path",

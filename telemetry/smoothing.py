@@ -42,9 +42,9 @@ def engine_load(
     GPM, an engine that did not answer) is left out, not counted as idle or busy.
 
     NVML's `utilization.gpu` is not a signal: it is the share of time any kernel ran, 100 %
-    with one sequence decoding, so it would hold the gate shut on a nearly idle GPU (issue
-    31); it is exported, never gated on. Seats are counted live by the fair queue at each
-    pick (`lua/lib.lua` offline_gate), not here a sampling interval late."""
+    with one sequence decoding, so it would hold the gate shut on a nearly idle GPU; it is
+    exported, never gated on. Seats are counted live by the fair queue at each pick
+    (`lua/lib.lua` offline_gate), not here a sampling interval late."""
     signals = {
         "kv_cache_usage": kv_cache_usage,
         "reserved_fraction": reserved_fraction,

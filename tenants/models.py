@@ -14,7 +14,8 @@ from protocol.fields import MAX_USER_CHARS, OPTIONAL_FIELDS
 
 def _all_classes() -> list[str]:
     """The default of the field: the operator's default classes (GPUSHARE_DEFAULT_CLASSES).
-    (Named as when it was every class: migrations refer to it by name.)"""
+    (Migrations refer to the function by this name, so it keeps it although the default
+    need not be every class.)"""
     return list(settings.GPUSHARE_DEFAULT_CLASSES)
 
 

@@ -1,24 +1,26 @@
-"""Usage ledger writes, batched: workers push finished requests to a Redis list and a beat
-task moves them to the database in bulk.
+"""Usage ledger writes, batched: workers push finished requests to a Redis list and the
+workers' ticker (`workers.periodic`, every GPUSHARE_USAGE_FLUSH_INTERVAL_S) moves them to the
+database in bulk.
 
 One INSERT of a hundred rows costs about what one row costs on its own, and the request path
 does no database write at all. Rows are idempotent on `request_id`, so a batch written twice
 (a flush that died after inserting, before trimming) keeps one row per request.
 
 The INSERT is written here rather than by `bulk_create`: the ORM prepares each value of each
-row through its field (19 fields a row), which made the flush a quarter of a worker's CPU
-under load (yappi, bench/online_overhead.py); the rows come from our own workers, so their
-values only need the defaults filled in and the timestamp adapted.
+row through its field (19 fields a row), which would make the flush a quarter of a worker's CPU
+under load (docs/decisions/0008-the-request-path-spends-cpu-once.md); the rows come from our
+own workers, so their values only need the defaults filled in and the timestamp adapted.
 
 On PostgreSQL a batch is one statement of one parameter, the rows as a JSON array that
 `json_populate_recordset` reads as the ledger's own row type (the server converts each value
 to its column's type, so no types are spelled here). Its text is the same at every flush:
 psycopg's client-side binding (Django's default) rewrites a query's placeholders with a regex
-and caches the result only for queries of at most 4096 characters and 50 parameters, so the
-old `VALUES (%s, ...), ...` of up to 500 rows x 19 values was converted anew at each flush, most
-of its CPU. A flush now takes 0.4-0.6x the worker's CPU of before for 20 rows, 0.25-0.35x
-for 500 (bench/ledger_flush.py). Other databases (SQLite: `make run`, `make test`) keep the
-VALUES form, as many rows per statement as they take parameters.
+and caches the result only for queries of at most 4096 characters and 50 parameters, so a
+`VALUES (%s, ...), ...` of up to 500 rows x 19 values would be converted anew at each flush,
+most of its CPU. The JSON statement takes 0.4-0.6x the worker's CPU of that form for 20 rows,
+0.25-0.35x for 500 (`bench/ledger_flush.py` compares them;
+docs/decisions/0008-the-request-path-spends-cpu-once.md). Other databases (SQLite: `make run`,
+`make test`) keep the VALUES form, as many rows per statement as they take parameters.
 
 Rows are JSON from Redis, and NaN and Infinity, which Python's json writes, are not JSON:
 PostgreSQL's parser would refuse the whole batch, so such a row is dropped alone (and on

@@ -1,20 +1,19 @@
 """The periodic jobs that run every few seconds, run by each worker's ticker thread.
 
 The ledger flush, housekeeping, the batch feeder, the telemetry sampler and the scaler run
-every 1 to 10 s. They used to come as Celery beat messages, one `tick` a second at the end;
-a message costs the sender, the worker and Redis several ms of CPU whatever the task does
-(kombu's bookkeeping of delivery, acknowledgement and routing;
-docs/archive/benchmarks-2026.md), more than the flush or the housekeeping it carried, and
-more than a request's own handling. So
-each worker process runs them from a ticker thread of its own (`Ticker`), at the shortest
-of their intervals, each job in a thread of a small pool so that a slow one holds back only
-itself, and no message crosses the broker.
+every 1 to 10 s. A Celery message costs the sender, the worker and Redis several ms of CPU
+whatever the task does (kombu's bookkeeping of delivery, acknowledgement and routing): more
+than the flush or the housekeeping, and more than a request's own handling
+(docs/decisions/0007-periodic-work-on-each-workers-ticker.md). So each worker process runs
+them from a ticker thread of its own (`Ticker`), at the shortest of their intervals, each job
+in a thread of a small pool so that a slow one holds back only itself, and no message crosses
+the broker.
 
 A job's turn is claimed in Redis (SET NX with an expiry just under its interval), so the
 tickers of many workers, or a tick that comes twice, still run each job once per interval
 in the whole platform; a worker that dies leaves the jobs to the others' tickers. One job
-that fails is logged and does not keep the others from running. Beat still sends the rare
-ones (the telemetry rollup, every few minutes), and the jobs stay Celery tasks of their own
+that fails is logged and does not keep the others from running. Beat sends only the rare
+ones (the telemetry rollup, every few minutes), and each job is also a Celery task of its own
 (`workers.housekeeping` and so on), for an operator who wants to run one now.
 """
 

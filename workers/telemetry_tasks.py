@@ -1,4 +1,5 @@
-"""Celery tasks of telemetry (issue 7): the sampler tick and the history rollup."""
+"""Celery tasks of telemetry: the sampler tick (run by the workers' ticker) and the history
+rollup (sent by beat)."""
 
 from __future__ import annotations
 

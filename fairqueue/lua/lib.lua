@@ -73,8 +73,8 @@ end
 
 -- A run's last words, told in the step that releases it (a round trip each, saved): its
 -- final event for the waiter (JSON, '' = none) and an entry for an outbox list ('' = none:
--- the usage ledger's pending rows). Told whether or not the release is a no-op, as they
--- were when the worker sent them itself.
+-- the usage ledger's pending rows). Told whether or not the release is a no-op: the waiter
+-- and the ledger hear a run's end as they would if the worker told them in a step of its own.
 local function tell_last_words(job_id, event, outbox, entry)
   if event ~= '' then emit_raw(job_id, event) end
   if entry ~= '' then redis.call('RPUSH', outbox, entry) end

@@ -156,7 +156,7 @@ def _feed_soon(batch_pk: int) -> None:
     every KICK_EVERY_MS): a kicked task would wait while every worker thread is busy running
     lines, and the window would drain meanwhile. A finish that falls inside the interval
     leaves one delayed kick instead, so the last lines of a window still wake the feeder
-    (threads are free by then) rather than waiting for the beat."""
+    (threads are free by then) rather than waiting for the ticker's next feed."""
     client = redis_client()
     if client.set(KICK_KEY.format(pk=batch_pk), 1, nx=True, px=KICK_EVERY_MS):
         batch_process(batch_pk=batch_pk)
@@ -347,9 +347,10 @@ class _Feeder:
         enabled = self.batch.tenant.enabled_fields
         most = settings.GPUSHARE_MAX_SEQUENCES_PER_REQUEST
         requests = [parse_inference_request(endpoint, line.body, enabled, most) for line in lines]
-        # A byte bound, not the engine's /tokenize: a busy engine answered a window's counts
-        # in 1-2.5 s (measured), stalling the feed while the window drained. The real counts
-        # are charged when each line ends.
+        # A byte bound, not the engine's /tokenize: a busy engine takes seconds to count a
+        # window's prompts, and the feed would stall while the window drains
+        # (docs/decisions/0008-the-request-path-spends-cpu-once.md). The real counts are
+        # charged when each line ends.
         counts = [[reserved_prompt_tokens(p) for p in split_prompts(r)] for r in requests]
         try:
             for line, request, prompt_tokens in zip(lines, requests, counts, strict=True):
@@ -573,7 +574,7 @@ def batch_line_finished(
     try:
         fair_queue().forget_events(job_id)  # stored in the database now; nobody reads them
         _feed_soon(int(request["batch_pk"]))
-    except Exception:  # the feeder's beat tick tops the window up instead
+    except Exception:  # the ticker's next feed tops the window up instead
         log.exception("batch %s: feeding after line %s failed", request["batch_pk"], job_id)
     return bool(written)
 

@@ -175,12 +175,13 @@ class _Connection:
 class _KeptAliveHttp:
     """Generation requests that are not streamed (and the periodic GETs of /health and
     /metrics), over a small HTTP/1.1 client of our own on a plain socket, one kept-alive
-    connection per thread: the worker's largest share of the platform's CPU per request
-    (bench/online_overhead.py). http.client costs a third of httpx's CPU per request, and
-    this under half of http.client's (bench/engine_posts.py): the
-    request goes out as one prebuilt buffer, and of the answer's headers only the three that
-    say where the body ends and whether the connection stays open are looked at, where
-    http.client parses them all with email.parser. Engines speak plain HTTP/1.1 (uvicorn)."""
+    connection per thread: the engine call is the worker's largest share of the platform's
+    CPU per request. http.client costs a third of httpx's CPU per request, and this under
+    half of http.client's (`bench/engine_posts.py` compares them;
+    docs/decisions/0008-the-request-path-spends-cpu-once.md): the request goes out as one
+    prebuilt buffer, and of the answer's headers only the three that say where the body ends
+    and whether the connection stays open are looked at, where http.client parses them all
+    with email.parser. Engines speak plain HTTP/1.1 (uvicorn)."""
 
     def __init__(
         self,

@@ -63,9 +63,10 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 def _wanted_samples(text: str) -> Iterator[tuple[str, str, float]]:
     """(name, labels as written, value) of the samples read here, in the text exposition
     format (`name{labels} value [timestamp]`). Not a general parser: vLLM's page is mostly
-    histogram buckets, and prometheus_client's parser, even fed only the wanted lines, was a
-    fifth of the telemetry sampler's CPU; each wanted name is looked for at the start of a
-    line instead of reading every line (docs/archive/benchmarks-2026.md)."""
+    histogram buckets, and prometheus_client's parser, even fed only the wanted lines, costs
+    a fifth of the telemetry sampler's CPU; each wanted name is looked for at the start of a
+    line instead of reading every line
+    (docs/decisions/0007-periodic-work-on-each-workers-ticker.md)."""
     page = "\n" + text
     for name in WANTED:
         marker = "\n" + name

@@ -206,8 +206,9 @@ def _answers_health(engine: Engine, timeouts: Timeouts | None) -> bool:
 
 
 def engines_check_all(*, node: str | None = None, timeouts: Timeouts | None = None) -> list[Engine]:
-    """The periodic check (Celery beat, telemetry): every live engine on this node gets the
-    crash check and, if ready, /health. Returns the engines that are failed now."""
+    """The periodic check (the telemetry sampler, on the workers' ticker): every live engine on
+    this node gets the crash check and, if ready, /health. Returns the engines that are failed
+    now."""
     here = node or node_name(settings.GPUSHARE_NODE_NAME)
     engines = Engine.objects.select_related("device").filter(
         device__node=here, status__in=LIVE_STATUSES

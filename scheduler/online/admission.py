@@ -479,9 +479,9 @@ async def admit(
     are). A step that must ask the database, or refresh a cache entry, runs in a thread
     instead: it raises SynchronousOnlyOperation on the loop before anything is done, which is
     the signal (`_here_or_in_thread`). The hop to a thread and back (GIL hand-offs, a wake-up
-    of the loop) costs a sixth of the web's CPU per request (docs/archive/benchmarks-2026.md,
-    2026-12-02): it is made only then. `api_key`: the header's key, where the web checked it
-    already."""
+    of the loop) costs a sixth of the web's CPU per request
+    (docs/decisions/0008-the-request-path-spends-cpu-once.md): it is made only then.
+    `api_key`: the header's key, where the web checked it already."""
     received_at = time.time()
     prepared = await _here_or_in_thread(_prepare, authorization, request, class_header, api_key)
     engine, state = prepared.route.engine, _loop_state()

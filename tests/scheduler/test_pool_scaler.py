@@ -1,5 +1,5 @@
 """Pools and the scaler with PostgreSQL and the real Redis fair queue: pools and their
-engines from one launch profile, the beat tick's decisions logged with reasons and sent to
+engines from one launch profile, the scaler tick's decisions logged with reasons and sent to
 the engine's node queue, carried out (or failed, or expired), and the operators' command.
 
 The engines are registered but never started: the node task's supervisor calls are

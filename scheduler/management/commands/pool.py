@@ -1,11 +1,11 @@
 """`manage.py pool create|set|add-engines|show|tick`: hot and cold engine pools.
 
 A pool is the shared engines of one served model: `hot_size` always run, up to `cold_max`
-more are started by the scaler (Celery beat, `workers.scaler_tick`) when the online queue
-stays over target or ahead of a scheduled peak, and drained after a quiet period. Engines
-are registered from the pool's launch profile with `add-engines`; the scaler only starts
-and stops registered engines. `show` prints the pool, its engines and the latest decisions
-with their reasons; `tick` runs the scaler once, now.
+more are started by the scaler (`workers.scaler_tick`, on the workers' ticker) when the online
+queue stays over target or ahead of a scheduled peak, and drained after a quiet period.
+Engines are registered from the pool's launch profile with `add-engines`; the scaler only
+starts and stops registered engines. `show` prints the pool, its engines and the latest
+decisions with their reasons; `tick` runs the scaler once, now.
 """
 
 from __future__ import annotations
