@@ -3,7 +3,8 @@
 A task is sent as a Celery signature of its registered name, so the code that sends one
 imports nothing of the worker processes (`workers/` imports this package, never the other
 way round). Each name here is a task that a module of `workers/` registers under it
-(`@shared_task(name=...)`).
+(`@shared_task(name=...)`); tests/workers/test_task_names.py checks each is registered and
+takes the arguments sent here.
 """
 
 from __future__ import annotations
