@@ -4,7 +4,7 @@
 run:  ## install what is missing and run the platform (web, worker, beat, Redis)
 	bash scripts/run.sh
 
-test:  ## install what is missing, then ruff, mypy and the whole test suite
+test:  ## install what is missing, then ruff, mypy, the import contracts and every test
 	bash scripts/test.sh $(ARGS)
 
 lint:  ## ruff, mypy and the import contracts (pyproject.toml [tool.importlinter])
