@@ -54,7 +54,6 @@ from config.ttlcache import TtlCache
 from scheduler.batches import batch_line_finished
 from scheduler.engines.aio_client import AsyncEngineClient
 from scheduler.engines.auth import engine_api_key
-from scheduler.engines.supervisor import engine_check_unreachable
 from scheduler.fairqueue.aio import AsyncFairQueue
 from scheduler.fairqueue.domain import DispatchLoop, Job
 from scheduler.fairqueue.inbox import Inbox
@@ -65,6 +64,7 @@ from scheduler.units import UNIT_BYTES
 from tenants.limits import Admission, limits_settle
 from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
 from tenants.usage_buffer import end_user
+from workers.engine_tasks import send_check_unreachable
 from workers.runner import Relay, Run, RunResult, reserved_unit_seconds, run_job
 from workers.telemetry import UNRESERVED_KEY
 
@@ -461,10 +461,10 @@ async def run_picked(dispatcher: Dispatcher, run: Run) -> RunResult:
 
 
 def _fail_if_dead(engine: Engine) -> None:
-    """The job could not reach `engine`: failed now if its process is gone (see
-    `engine_check_unreachable`)."""
+    """The job could not reach `engine`: its node's engine agent fails it at once if its
+    process is gone (see `engine_check_unreachable`); this process cannot see it."""
     try:
-        engine_check_unreachable(name=engine.name)
+        send_check_unreachable(engine.name)
     except Exception:  # the job goes back to the queue all the same
         log.warning("could not check unreachable engine %s", engine.name, exc_info=True)
 

@@ -6,7 +6,9 @@ engine's status and detail (the supervisor writes them), its log and the lines t
 supervisor reported here, which live in Redis for an hour.
 
 The process is local to the engine's node, so the console sends these to that node's own
-queue (`workers.scaling_tasks.node_queue`), which every worker there consumes.
+queue (`workers.scaling_tasks.node_queue`), which only the node's engine agent consumes
+(`python -m agent`, agent/main.py): the dispatch workers never start, stop or check an
+engine's process, so restarting them leaves the engines serving.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from celery import shared_task
 
 from config.errors import DomainError
 from config.redis import redis_client
-from scheduler.engines.supervisor import engine_start, engine_stop
+from scheduler.engines.supervisor import engine_check_unreachable, engine_start, engine_stop
 from scheduler.models import Engine, EngineStatus
 from scheduler.pools import sync_engine
 from workers.scaling_tasks import node_queue
@@ -97,3 +99,20 @@ def send_start(engine: Engine) -> None:
 
 def send_stop(engine: Engine) -> None:
     stop_engine.apply_async(args=(engine.name,), queue=node_queue(engine.device.node))
+
+
+@shared_task(name="workers.engine_check_unreachable")
+def check_unreachable(name: str) -> bool:
+    """By the engine's agent: a worker's call could not reach the engine; it is failed and
+    out of the picks now if its process is gone (`engine_check_unreachable`)."""
+    return engine_check_unreachable(name=name)
+
+
+# A check nobody took soon says nothing any more: the agent's periodic check has run since.
+CHECK_EXPIRES_S = 60
+
+
+def send_check_unreachable(name: str) -> None:
+    node = Engine.objects.filter(name=name).values_list("device__node", flat=True).first()
+    if node is not None:
+        check_unreachable.apply_async(args=(name,), queue=node_queue(node), expires=CHECK_EXPIRES_S)

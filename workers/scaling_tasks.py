@@ -2,9 +2,9 @@
 `scheduler.scaling.decide`, logs the decision and has it carried out on the engine's node.
 
 Starting or stopping an engine must run on the node its device is on (the process is local
-there), so each worker also consumes its node's own queue, `gpushare.node.<node name>`, and
-a start or drain is sent there. The tick itself can run on any worker; a Redis lock keeps
-two ticks from deciding at once.
+there), so a start or drain is sent to the node's own queue, `gpushare.node.<node name>`,
+which the node's engine agent consumes (agent/main.py), not the dispatch workers. The tick
+itself can run on any worker; a Redis lock keeps two ticks from deciding at once.
 """
 
 from __future__ import annotations
@@ -67,7 +67,10 @@ def node_queue(node: str) -> str:
 
 @celeryd_after_setup.connect
 def _consume_node_queue(sender: str, instance: Any, **_: Any) -> None:
-    """Every worker also takes its node's engine starts and stops."""
+    """The node's engine agent takes its node's engine starts and stops; the other workers
+    do not, so that a rollout of theirs never stops or strands an engine."""
+    if not settings.GPUSHARE_ENGINE_AGENT:
+        return
     queue = node_queue(node_name(settings.GPUSHARE_NODE_NAME))
     instance.app.amqp.queues.select_add(queue)
     log.info("worker %s consumes %s", sender, queue)

@@ -6,7 +6,8 @@ Every few seconds (a turn of the workers' ticker, workers/periodic.py, once in t
    kernel runs), GPM SM and tensor activity over a short window (Hopper and later), memory
    used/total, temperature, power; without an NVIDIA driver there are no GPU readings at
    all (never zeros);
-2. the crash/health check of this node's live engines (`engines_check_all`);
+2. the crash/health check of this node's live engines (`engines_check_all`), unless the
+   caller leaves it to the node's engine agent (the periodic task does, agent/main.py);
 3. each ready engine's /metrics: KV-cache usage, running and waiting requests, preemptions,
    TTFT; with its GPU's tensor activity and the fair queue's reserved/capacity this is the
    engine's load (`workers.smoothing.engine_load`), written to the fair queue for the
