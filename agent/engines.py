@@ -35,6 +35,11 @@ def heartbeat(node: str, interval_s: float) -> None:
                        ex=heartbeat_ttl_s(interval_s))  # fmt: skip
 
 
+def heartbeat_end(node: str) -> None:
+    """The agent is gone: `manage.py engine` runs its actions itself again at once."""
+    redis_client().delete(HEARTBEAT_KEY.format(node=node))
+
+
 def agent_of(node: str) -> dict[str, object] | None:
     """The agent serving the node (its host, pid and last check), or None if none checked
     in lately."""

@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     from django.conf import settings
 
-    from agent.engines import check_in_thread, check_interval_s, drain_node
+    from agent.engines import check_in_thread, check_interval_s, drain_node, heartbeat_end
     from agent.logtail import LogFollower, follow_in_thread, stdout_writer
     from config.celery import app
     from scheduler.gpu_inventory import node_name
@@ -94,4 +94,5 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
         for thread in threads:
             thread.join(timeout=10)
+        heartbeat_end(node)
     return 0

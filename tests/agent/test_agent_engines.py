@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from agent.engines import agent_of, check_once, drain_node
+from agent.engines import agent_of, check_once, drain_node, heartbeat_end
 from agent.main import worker_argv
 from scheduler.engines import process
 from scheduler.engines.supervisor import engine_start
@@ -39,6 +39,8 @@ def test_a_check_fails_a_dead_engine_and_says_the_agent_is_alive(engine, redis_d
     assert seen["pid"] == os.getpid()
     assert agent_of("another-node") is None
     assert 5 < redis_db.ttl(f"gs:engine-agent:{NODE}") <= 16
+    heartbeat_end(NODE)  # an agent that exits says so at once
+    assert agent_of(NODE) is None
 
 
 def test_an_agent_that_stops_drains_and_stops_its_nodes_engines(engine, redis_db, settings):
