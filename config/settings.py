@@ -421,5 +421,13 @@ CELERY_IMPORTS.append("workers.scaling_tasks")
 # False: this worker leaves them to the others.
 GPUSHARE_WORKER_TICK = env_bool("GPUSHARE_WORKER_TICK", True)
 
+# --- The engine agent ------------------------------------------------------------------
+# True in a node's engine agent (`python -m agent`, agent/): the one process that starts,
+# drains, stops and crash-checks that node's engines, consuming gpushare.node.<node name>.
+# The dispatch workers leave that queue to it and only call the engines over HTTP.
+GPUSHARE_ENGINE_AGENT = env_bool("GPUSHARE_ENGINE_AGENT", False)
+# How often the agent checks its node's engines (process alive, /health of ready ones).
+GPUSHARE_AGENT_CHECK_INTERVAL_S = env_float("GPUSHARE_AGENT_CHECK_INTERVAL_S", 5.0)
+
 # --- Console ----------------------------------------------------------------------------
 CELERY_IMPORTS.append("workers.engine_tasks")

@@ -15,9 +15,12 @@ DISPATCH = "workers.dispatch"
 PROCESS_BATCH = "workers.batch_process"
 ENGINE_START = "workers.engine_start"
 ENGINE_STOP = "workers.engine_stop"
+ENGINE_CHECK_UNREACHABLE = "workers.engine_check_unreachable"
 SCALE_ENGINE = "workers.scale_engine"
 
-NAMES = (DISPATCH, PROCESS_BATCH, ENGINE_START, ENGINE_STOP, SCALE_ENGINE)
+UNREACHABLE_CHECK_EXPIRES_S = 60
+
+NAMES = (DISPATCH, PROCESS_BATCH, ENGINE_START, ENGINE_STOP, ENGINE_CHECK_UNREACHABLE, SCALE_ENGINE)
 
 
 def node_queue(node: str) -> str:
@@ -41,6 +44,18 @@ def engine_start(name: str, node: str) -> None:
 
 def engine_stop(name: str, node: str) -> None:
     current_app.send_task(ENGINE_STOP, args=(name,), queue=node_queue(node))
+
+
+def engine_check_unreachable(name: str, node: str) -> None:
+    """Has the engine's agent fail it now if its process is gone: a call could not reach it,
+    and only the agent sees the process. A check nobody took within a minute says nothing
+    any more: the agent's periodic check has run since."""
+    current_app.send_task(
+        ENGINE_CHECK_UNREACHABLE,
+        args=(name,),
+        queue=node_queue(node),
+        expires=UNREACHABLE_CHECK_EXPIRES_S,
+    )
 
 
 def scale_engine(decision_id: int, engine: str, node: str, action: str, *, expires: float) -> None:

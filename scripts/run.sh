@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make run`: the whole platform on this machine with its embedded defaults:
-# SQLite (unless DATABASE_URL is set), local Redis, a Celery worker and beat, a vLLM CPU
-# engine serving the tiny demo model, and the web app.
+# SQLite (unless DATABASE_URL is set), local Redis, a Celery worker and beat, the engine
+# agent (agent/: the process that starts, drains and checks the engines; it writes their
+# logs to var/log/agent.log too), a vLLM CPU engine serving the tiny demo model, and the web.
 source "$(dirname "$0")/lib.sh"
 "$REPO_ROOT/scripts/bootstrap.sh"
 cd "$REPO_ROOT"
@@ -33,6 +34,9 @@ trap stop_all EXIT
 say "Starting a Celery worker (log: var/log/worker.log)"
 "$VENV/bin/celery" -A config worker --pool threads --concurrency "${GPUSHARE_WORKER_THREADS:-8}" \
   --without-gossip --without-mingle --without-heartbeat --loglevel INFO >"$LOG_DIR/worker.log" 2>&1 &
+children+=($!)
+say "Starting the engine agent (starts, drains and checks engines; log: var/log/agent.log)"
+"$PY" -m agent >"$LOG_DIR/agent.log" 2>&1 &
 children+=($!)
 say "Starting Celery beat (log: var/log/beat.log)"
 "$VENV/bin/celery" -A config beat --loglevel INFO >"$LOG_DIR/beat.log" 2>&1 &

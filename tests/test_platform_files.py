@@ -29,6 +29,7 @@ WEB = ["python", "-m", "plumbing.serve", "config.asgi:application"]
 WORKER = ["celery", "-A", "config", "worker"]
 BEAT = ["celery", "-A", "config", "beat"]
 MIGRATE = ["python", "manage.py", "migrate"]
+AGENT = ["python", "-m", "agent"]
 # Read by Django itself, or by boto3 for the files bucket, not through plumbing.env.
 OTHER_KNOWN_ENV = {"DJANGO_SETTINGS_MODULE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
 
@@ -80,7 +81,8 @@ def test_the_entry_points_the_files_name_exist():
 
 def test_compose_runs_the_whole_stack_with_the_real_commands():
     services = compose()["services"]
-    assert {"postgres", "redis", "migrate", "web", "beat", "worker-node-1"} <= set(services)
+    assert {"postgres", "redis", "migrate", "web", "beat", "worker-node-1",
+            "engine-agent-node-1"} <= set(services)  # fmt: skip
     assert starts_with(services["web"]["command"], WEB)
     assert starts_with(services["beat"]["command"], BEAT)
     assert starts_with(services["migrate"]["command"], MIGRATE)
@@ -88,16 +90,27 @@ def test_compose_runs_the_whole_stack_with_the_real_commands():
     assert starts_with(worker["command"], WORKER)
     assert "--pool" in worker["command"]
     assert worker["command"][worker["command"].index("--pool") + 1] == "threads"
-    assert worker["build"]["target"] == "node"
     assert worker["environment"]["GPUSHARE_NODE_NAME"] == "node-1"
-    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    # The platform's image: the worker only calls engines over HTTP, and does not run the
+    # node image's `gpus discover` (the agent does).
+    assert worker["image"] == services["web"]["image"]
+    # The engine agent: its own service, the node image, the GPUs, the engines' port.
+    agent = services["engine-agent-node-1"]
+    assert agent["command"][:3] == AGENT
+    assert "--drain-on-exit" in agent["command"]
+    assert agent["build"]["target"] == "node"
+    assert agent["environment"]["GPUSHARE_NODE_NAME"] == "node-1"
+    devices = agent["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"]
+    # Engines registered with --host node-1 are reached at the agent's container.
+    assert "node-1" in agent["networks"]["default"]["aliases"]
+    assert agent["stop_grace_period"]  # room for its engines' drains
 
 
 def test_compose_sets_only_environment_the_platform_reads():
     known = settings_env_names() | OTHER_KNOWN_ENV
     services = compose()["services"]
-    for name in ("migrate", "web", "beat", "worker-node-1"):
+    for name in ("migrate", "web", "beat", "worker-node-1", "engine-agent-node-1"):
         env = set(services[name]["environment"])
         assert env <= known, (name, env - known)
         assert {"DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY"} <= env
@@ -125,18 +138,32 @@ def test_kubernetes_has_exactly_one_beat_never_two_during_a_rollout():
     assert starts_with(beat["spec"]["template"]["spec"]["containers"][0]["command"], BEAT)
 
 
-def test_kubernetes_runs_a_worker_with_its_engines_on_every_gpu_node():
+def test_kubernetes_runs_a_worker_and_an_engine_agent_on_every_gpu_node():
     node = by_kind_name("DaemonSet", "gpu-node")
     spec = node["spec"]["template"]["spec"]
     container = spec["containers"][0]
-    assert starts_with(container["args"], WORKER)
+    assert starts_with(container["command"], WORKER)  # not the entrypoint's `gpus discover`
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    env = {e["name"]: e for e in container["env"]}
+    assert env["GPUSHARE_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert "nvidia.com/gpu.present" in spec["nodeSelector"]
+    assert node["spec"]["template"]["metadata"]["labels"] == node["spec"]["selector"]["matchLabels"]
+
+    agent = by_kind_name("DaemonSet", "engine-agent")
+    spec = agent["spec"]["template"]["spec"]
+    container = spec["containers"][0]
     assert container["command"] == ["/usr/local/bin/gpushare-node"]
+    assert container["args"][:3] == AGENT
     assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
     env = {e["name"]: e for e in container["env"]}
     assert env["GPUSHARE_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert spec["hostNetwork"] is True  # engines are reached at the node's address
-    assert "nvidia.com/gpu.present" in spec["nodeSelector"]
-    assert node["spec"]["template"]["metadata"]["labels"] == node["spec"]["selector"]["matchLabels"]
+    assert spec["nodeSelector"] == node["spec"]["template"]["spec"]["nodeSelector"]
+    assert agent["spec"]["updateStrategy"]["type"] == "OnDelete"  # rollouts leave it be
+    assert (
+        agent["spec"]["template"]["metadata"]["labels"]
+        == (agent["spec"]["selector"]["matchLabels"])
+    )
 
 
 def test_kubernetes_lets_pods_be_reached_only_on_the_webs_port():
@@ -182,7 +209,7 @@ def test_the_dockerfile_builds_both_images_with_the_real_commands(target):
     cmd = re.search(r"^CMD (\[.*\])$", stage, re.MULTILINE)
     assert cmd is not None
     command = yaml.safe_load(cmd.group(1))
-    assert starts_with(command, WEB if target == "platform" else WORKER)
+    assert starts_with(command, WEB if target == "platform" else AGENT)
     env_names = set(re.findall(r"\b(GPUSHARE_[A-Z0-9_]+)=", stage))
     assert env_names <= settings_env_names(), env_names - settings_env_names()
 

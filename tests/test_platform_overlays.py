@@ -6,6 +6,7 @@ the base's files)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from django.http.request import validate_host
 from config.health import READINESS_CHECKS
 
 K8S = Path(__file__).resolve().parent.parent / "platform" / "k8s"
+SCRIPTS = K8S.parent.parent / "scripts"
 OVERLAYS = ["development", "production"]
 # The oldest Kubernetes the manifests are meant for, and the newest the schemas know.
 KUBERNETES_VERSIONS = ["1.29", kubernetes_validate.latest_version()]
@@ -71,6 +73,58 @@ MONITOR_SCHEMAS = {
         },
     }
     for kind, endpoints in (("ServiceMonitor", "endpoints"), ("PodMonitor", "podMetricsEndpoints"))
+}
+MONITOR_SCHEMAS["PrometheusRule"] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "metadata": {"type": "object", "required": ["name", "namespace"]},
+        "spec": {
+            "type": "object",
+            "required": ["groups"],
+            "additionalProperties": False,
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "rules"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string"},
+                            "interval": {"type": "string", "pattern": "^[0-9]+[smh]$"},
+                            "rules": {
+                                "type": "array",
+                                "minItems": 1,
+                                "items": {
+                                    "type": "object",
+                                    "required": ["expr"],
+                                    "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "alert": {"type": "string"},
+                                        "record": {"type": "string"},
+                                        "expr": {"type": "string"},
+                                        "for": {"type": "string", "pattern": "^[0-9]+[smh]$"},
+                                        "labels": {
+                                            "type": "object",
+                                            "additionalProperties": {"type": "string"},
+                                        },
+                                        "annotations": {
+                                            "type": "object",
+                                            "additionalProperties": {"type": "string"},
+                                        },
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
 }
 MONITOR_SCHEMAS["ScrapeConfig"] = {
     "type": "object",
@@ -241,10 +295,14 @@ def test_production_is_scraped_by_prometheus_operator_with_the_metrics_token():
     assert credentials["key"] in secret_keys("production")
 
     pods = one("production", "PodMonitor", "gpushare-engines")
-    node = one("production", "DaemonSet", "gpu-node")["spec"]["template"]
-    assert pods["spec"]["selector"]["matchLabels"].items() <= node["metadata"]["labels"].items()
-    ports = {p["name"] for p in node["spec"]["containers"][0]["ports"]}
-    assert {e["port"] for e in pods["spec"]["podMetricsEndpoints"]} <= ports
+    agent = one("production", "DaemonSet", "engine-agent")["spec"]["template"]
+    assert pods["spec"]["selector"]["matchLabels"].items() <= agent["metadata"]["labels"].items()
+    # Each engine's own /metrics: one endpoint per engine port of the agent, all of them.
+    ports = {p["name"] for p in agent["spec"]["containers"][0]["ports"]}
+    endpoints = pods["spec"]["podMetricsEndpoints"]
+    assert {e["port"] for e in endpoints} == ports
+    assert len(ports) >= 8
+    assert all(e["path"] == "/metrics" and "authorization" not in e for e in endpoints)
 
 
 def test_production_scrapes_the_cluster_wide_metrics_once_through_the_service():
@@ -274,7 +332,66 @@ def test_production_sets_images_replicas_and_whole_gpu_nodes():
     assert len({image.rsplit(":", 1)[1] for image in images}) == 1  # one release
     assert one("production", "Deployment", "web")["spec"]["replicas"] >= 2
     assert one("production", "Deployment", "beat")["spec"]["replicas"] == 1
-    node = one("production", "DaemonSet", "gpu-node")["spec"]["template"]["spec"]
-    assert node["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] > 1
+    agent = one("production", "DaemonSet", "engine-agent")["spec"]["template"]["spec"]
+    assert agent["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] > 1
     # No PostgreSQL or Redis of its own: the Secret names the cluster's.
     assert not [d for d in render("production") if d["kind"] in {"StatefulSet", "Secret"}]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_engines_are_the_agents_and_no_worker_holds_a_gpu_or_an_engine_port(overlay):
+    agent = one(overlay, "DaemonSet", "engine-agent")
+    spec = agent["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["command"] == ["/usr/local/bin/gpushare-node"]  # `gpus discover` first
+    assert container["args"][:3] == ["python", "-m", "agent"]
+    # Its engines die with its pod: drained first, and only when an operator deletes it.
+    assert "--drain-on-exit" in container["args"]
+    assert agent["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert spec["terminationGracePeriodSeconds"] >= 120
+    assert spec["hostNetwork"] is True  # engines are reached at the node's address
+    assert container["resources"]["limits"]["nvidia.com/gpu"] >= 1
+    assert [p["containerPort"] for p in container["ports"]] == list(range(8100, 8108))
+    env = {e["name"]: e for e in container["env"]}
+    assert env["GPUSHARE_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    worker = one(overlay, "DaemonSet", "gpu-node")["spec"]["template"]["spec"]
+    assert worker["nodeSelector"] == spec["nodeSelector"]  # beside the agent, same node name
+    for doc, pod in pod_specs(overlay):
+        if doc is agent:
+            continue
+        for c in pod["containers"]:
+            assert "nvidia.com/gpu" not in c.get("resources", {}).get("limits", {}), doc
+            assert "agent" not in c.get("args", []) + c.get("command", []), doc
+
+
+def test_production_serves_the_web_through_an_ingress_on_its_public_name():
+    ingress = one("production", "Ingress", "web")["spec"]
+    service = one("production", "Service", "web")
+    config = one("production", "ConfigMap", "gpushare")["data"]
+    (rule,) = ingress["rules"]
+    (tls,) = ingress["tls"]
+    assert tls["hosts"] == [rule["host"]]
+    assert tls["secretName"]
+    assert validate_host(rule["host"], config["DJANGO_ALLOWED_HOSTS"].split(","))
+    assert f"https://{rule['host']}" in config["DJANGO_CSRF_TRUSTED_ORIGINS"].split(",")
+    (path,) = rule["http"]["paths"]
+    assert (path["path"], path["pathType"]) == ("/", "Prefix")
+    backend = path["backend"]["service"]
+    assert backend["name"] == service["metadata"]["name"]
+    assert backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
+    annotations = one("production", "Ingress", "web")["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"  # streams
+
+
+def test_production_alerts_with_the_very_rules_promtool_tests():
+    spec = importlib.util.spec_from_file_location("prometheus_rule", SCRIPTS / "prometheus_rule.py")
+    assert spec is not None
+    assert spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    rule = one("production", "PrometheusRule", "gpushare")
+    rules = script.RULES.read_text()
+    assert rule["spec"] == script.prometheus_rule(rules)["spec"], "run scripts/prometheus_rule.py"
+    assert script.TARGET.read_text() == script.render(rules)
+    assert rule["metadata"]["labels"]["app.kubernetes.io/name"] == "gpushare"

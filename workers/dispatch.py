@@ -56,10 +56,10 @@ from plumbing import wire
 from plumbing.aio_redis import Arg, AsyncRedis
 from plumbing.change_marks import cache_by_marks
 from plumbing.ttlcache import TtlCache
+from scheduler import worker_tasks
 from scheduler.batches.feeder import batch_line_finished
 from scheduler.engines.aio_client import AsyncEngineClient
 from scheduler.engines.auth import engine_api_key
-from scheduler.engines.supervisor import engine_check_unreachable
 from scheduler.models import Engine
 from scheduler.pools.policies import engine_changes, fair_queue
 from telemetry.rejections import UNRESERVED_KEY
@@ -461,10 +461,12 @@ async def run_picked(dispatcher: Dispatcher, run: Run) -> RunResult:
 
 
 def _fail_if_dead(engine: Engine) -> None:
-    """The job could not reach `engine`: failed now if its process is gone (see
-    `engine_check_unreachable`)."""
+    """The job could not reach `engine`: its node's engine agent fails it at once if its
+    process is gone (see `engine_check_unreachable`); this process cannot see it."""
     try:
-        engine_check_unreachable(name=engine.name)
+        node = Engine.objects.filter(pk=engine.pk).values_list("device__node", flat=True).first()
+        if node is not None:
+            worker_tasks.engine_check_unreachable(engine.name, node)
     except Exception:  # the job goes back to the queue all the same
         log.warning("could not check unreachable engine %s", engine.name, exc_info=True)
 

@@ -1,8 +1,10 @@
 """Celery tasks the console starts engines and stops them with (`scheduler.worker_tasks`).
 
 The process is local to the engine's node, so the console sends these to that node's own
-queue (`scheduler.worker_tasks.node_queue`), which every worker there consumes. Progress goes
-to `scheduler.engines.progress`, which the console's engine page reads.
+queue (`scheduler.worker_tasks.node_queue`), which only the node's engine agent consumes
+(`python -m agent`, agent/main.py): the dispatch workers never start, stop or check an
+engine's process, so restarting them leaves the engines serving. Progress goes to
+`scheduler.engines.progress`, which the console's engine page reads.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from celery import shared_task
 
 from plumbing.errors import DomainError
 from scheduler.engines.progress import action_done, progress_note
-from scheduler.engines.supervisor import engine_start, engine_stop
+from scheduler.engines.supervisor import engine_check_unreachable, engine_start, engine_stop
 from scheduler.models import EngineStatus
 from scheduler.pools.policies import sync_engine
 
@@ -42,3 +44,10 @@ def stop_engine(name: str) -> str:
     finally:
         action_done(name)
     return str(engine.status)
+
+
+@shared_task(name="workers.engine_check_unreachable")
+def check_unreachable(name: str) -> bool:
+    """By the engine's agent: a worker's call could not reach the engine; it is failed and
+    out of the picks now if its process is gone (`engine_check_unreachable`)."""
+    return engine_check_unreachable(name=name)

@@ -1,5 +1,6 @@
-"""The scaler's tasks: the tick (any worker) and one engine of a decision (its node's queue).
-What they do is `scheduler.pools.scaler`'s."""
+"""The scaler's tasks: the tick (any worker) and one engine of a decision, carried out on the
+engine's node by the node's engine agent (agent/main.py), the only consumer of that node's
+queue. What they do is `scheduler.pools.scaler`'s."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ log = logging.getLogger(__name__)
 
 @celeryd_after_setup.connect
 def _consume_node_queue(sender: str, instance: Any, **_: Any) -> None:
-    """Every worker also takes its node's engine starts and stops."""
+    """The node's engine agent takes its node's engine starts and stops; the other workers
+    do not, so that a rollout of theirs never stops or strands an engine."""
+    if not settings.GPUSHARE_ENGINE_AGENT:
+        return
     queue = node_queue(node_name(settings.GPUSHARE_NODE_NAME))
     instance.app.amqp.queues.select_add(queue)
     log.info("worker %s consumes %s", sender, queue)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.support.harness import Database, Platform, free_port
+from tests.support.harness import Database, Platform, free_port, start_engine_through_agent
 
 E2E_REDIS_URL = os.environ.get("GPUSHARE_E2E_REDIS_URL", "redis://127.0.0.1:6379/15")
 MODEL = "tiny-llama"
@@ -49,7 +49,8 @@ def platform_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platfo
             "engine", "create", MODEL, "--units", "4", "--port", engine_port,
             "--max-model-len", "4096", "--max-num-seqs", "16",
         )  # fmt: skip
-        platform.manage("engine", "start", MODEL, timeout=600)
+        # As the console starts it: through the node's engine agent (test_engine_agent.py).
+        start_engine_through_agent(platform, MODEL, timeout=600)
         platform.wait_http("/readyz", timeout=30)
         yield platform
     finally:

@@ -1,6 +1,6 @@
 """The console starts and stops a real vLLM CPU engine: the buttons queue a Celery task on
-the engine's node, the real worker runs the supervisor, and the engine's page follows it
-(status, progress lines, log) until the engine is ready, then stopped again."""
+the engine's node, the node's engine agent runs the supervisor, and the engine's page follows
+it (status, progress lines, log) until the engine is ready, then stopped again."""
 
 from __future__ import annotations
 
@@ -91,5 +91,11 @@ def test_the_console_starts_and_stops_a_real_engine(
         assert f"Stopping {ENGINE}" in stopping
         stopped = _wait_for(console, "stopped", timeout=180)
         assert f"{ENGINE}: stopped" in stopped
+        # Both actions ran in the agent, not in a dispatch worker.
+        agent_log = (platform_server.workdir / "agent.log").read_text(errors="replace")
+        worker_log = (platform_server.workdir / "worker.log").read_text(errors="replace")
+        for task in ("workers.engine_start[", "workers.engine_stop["):
+            assert task in agent_log
+            assert task not in worker_log
     finally:
         platform_server.manage("engine", "stop", ENGINE, timeout=180)

@@ -1,6 +1,7 @@
 """Two "nodes" on one machine: one PostgreSQL, one Redis, one S3 bucket (moto's server), one
-web and one beat, and per node a Celery worker (its own GPUSHARE_NODE_NAME) and a real vLLM
-CPU engine of the same pool on its own port, started by the scaler through that node's queue.
+web and one beat, and per node a Celery worker and an engine agent (their own
+GPUSHARE_NODE_NAME) and a real vLLM CPU engine of the same pool on its own port, started by
+the scaler through that node's queue, which the node's agent consumes.
 The web and each worker have a files folder of their own, as on machines that share no disk:
 a batch runs only through the bucket.
 
@@ -101,6 +102,17 @@ def spawn_worker(platform: Platform, node: str) -> None:
     )  # fmt: skip
 
 
+def spawn_agent(platform: Platform, node: str) -> None:
+    """The node's engine agent: it starts, drains and checks that node's engines."""
+    name = f"agent-{node}"
+    log = open(platform.workdir / f"{name}.log", "wb")  # noqa: SIM115 - lives with the process
+    platform.processes[name] = subprocess.Popen(
+        [sys.executable, "-m", "agent", "--concurrency", "4"],
+        cwd=REPO, env=node_env(platform, node), stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # fmt: skip
+
+
 def pool_state(platform: Platform) -> dict[str, Any]:
     return platform.manage_json("pool", "show", MODEL, "--decisions", "20")[0]
 
@@ -157,6 +169,7 @@ def cluster(
         platform.manage("migrate", "--noinput")
         for node in NODES:
             spawn_worker(platform, node)
+            spawn_agent(platform, node)
             manage_on(platform, node, "gpus", "discover")
         celery = [sys.executable, "-m", "celery", "-A", "config"]
         platform._spawn("beat", [*celery, "beat", "--loglevel", "INFO"])
@@ -316,8 +329,8 @@ def test_a_queue_over_target_for_long_enough_starts_the_cold_engine_on_its_node(
     load.wait()
     assert load.errors == []
     assert len(load.done) == load.sent
-    log = (cluster.workdir / "worker-node-b.log").read_text(errors="replace")
-    assert "workers.scale_engine[" in log  # started by node B's own worker
+    log = (cluster.workdir / "agent-node-b.log").read_text(errors="replace")
+    assert "workers.scale_engine[" in log  # started by node B's own engine agent
 
 
 def test_both_engines_serve_and_a_late_tenant_gets_an_equal_share_across_them(cluster):
@@ -416,9 +429,11 @@ def test_the_scaler_started_each_engine_on_its_own_node_and_logged_why(cluster):
     assert starts["sustained"]["engines"] == [ENGINES["node-b"]]
     assert all(d["outcome"] == "done" for d in starts.values()), starts
     for node in NODES:
-        log = (cluster.workdir / f"worker-{node}.log").read_text(errors="replace")
+        log = (cluster.workdir / f"agent-{node}.log").read_text(errors="replace")
         assert f"gpushare.node.{node}" in log
-        assert "workers.scale_engine[" in log  # the start ran on this node's worker
+        assert "workers.scale_engine[" in log  # the start ran on this node's engine agent
+        worker_log = (cluster.workdir / f"worker-{node}.log").read_text(errors="replace")
+        assert "workers.scale_engine[" not in worker_log
 
 
 def test_stopping_a_node_moves_its_pools_work_to_the_other_without_losing_a_request(cluster):

@@ -75,7 +75,7 @@ def test_online_requests_fail_cleanly_and_a_batch_completes_across_a_redis_resta
         input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
     )
     bodies = [chat_body(400, stream=i % 2 == 0) for i in range(REQUESTS)]
-    with Supervisor(platform, ["worker", "web", "beat"]) as supervisor:
+    with Supervisor(platform, ["worker", "agent", "web", "beat"]) as supervisor:
         check_across_the_restart(stack, client, key, batch.id, bodies)
     print(f"restarted by the supervisor: {supervisor.restarts or 'nothing'}")
 

@@ -298,8 +298,9 @@ def test_holds_are_logged_once_per_reason(pool, redis_db, sent, django_capture_o
     assert sent == []
 
 
-def test_a_worker_also_consumes_its_nodes_queue(settings):
+def test_only_the_engine_agent_consumes_its_nodes_queue(settings):
     settings.GPUSHARE_NODE_NAME = "gpu-node-7"
+    settings.GPUSHARE_ENGINE_AGENT = True
     added: list[str] = []
 
     class Queues:
@@ -311,6 +312,10 @@ def test_a_worker_also_consumes_its_nodes_queue(settings):
             class amqp:
                 queues = Queues()
 
+    scaling_tasks._consume_node_queue(sender="w@host", instance=Instance())
+    assert added == ["gpushare.node.gpu-node-7"]
+    # A dispatch worker leaves it to the agent: its restart must not strand an engine start.
+    settings.GPUSHARE_ENGINE_AGENT = False
     scaling_tasks._consume_node_queue(sender="w@host", instance=Instance())
     assert added == ["gpushare.node.gpu-node-7"]
 

@@ -1,5 +1,6 @@
 """The whole platform as a user runs it, for end-to-end tests: its own database, web
-(uvicorn), a Celery worker and beat, and a real vLLM CPU engine, each a real process.
+(uvicorn), a Celery worker and beat, the node's engine agent, and a real vLLM CPU engine,
+each a real process.
 
 Tests talk to it over HTTP only, and prepare it with the operators' `manage.py` commands.
 """
@@ -122,6 +123,8 @@ class Platform:
         # heartbeat alone sent a message every 2 s (as platform/Dockerfile runs it).
         quiet = ["--without-gossip", "--without-mingle", "--without-heartbeat"]
         self._spawn("worker", [*celery, "worker", *worker, *quiet])
+        # The node's engine agent: the only process that starts, stops and checks engines.
+        self._spawn("agent", [sys.executable, "-m", "agent", "--concurrency", "4"])
         self._spawn("beat", [*celery, "beat", "--loglevel", "INFO"])
         uvicorn = [sys.executable, "-m", "plumbing.serve", "config.asgi:application"]
         address = ["--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
@@ -168,6 +171,38 @@ class Platform:
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
+
+
+# --- Engines through the node's engine agent -----------------------------------------------
+
+
+def engine_state(platform: Platform, name: str) -> dict[str, Any]:
+    return platform.shell(
+        "import json; from scheduler.models import Engine as E; "
+        f"e = E.objects.get(name={name!r}); "
+        "print(json.dumps({'status': e.status, 'pid': e.pid, 'detail': e.status_detail, "
+        "'url': e.base_url, 'started_at': e.started_at.isoformat() if e.started_at else None}))"
+    )
+
+
+def start_engine_through_agent(platform: Platform, name: str, timeout: float) -> dict[str, Any]:
+    """Starts the engine as the console does: a task on its node's queue, which the node's
+    engine agent takes; returns the engine's state once it is ready."""
+    platform.shell(
+        "from scheduler import worker_tasks; from scheduler.selectors import engine_get; "
+        f"engine = engine_get(name={name!r}); "
+        "worker_tasks.engine_start(engine.name, engine.device.node); print('null')"
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(10)  # a shell costs a Django start-up: not too often on a busy machine
+        platform.assert_alive()
+        state = engine_state(platform, name)
+        if state["status"] == "ready":
+            return state
+        if state["status"] == "failed":
+            raise AssertionError(f"{name} failed: {state['detail']}\n{platform.logs()}")
+    raise AssertionError(f"{name} not ready within {timeout} s\n{platform.logs()}")
 
 
 # --- Restarting one process (batch durability tests) ---------------------------------------

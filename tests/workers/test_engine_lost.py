@@ -1,6 +1,7 @@
-"""A job whose engine cannot be reached goes back to the queue; when that engine runs on this
-node and its process is gone, it is failed and out of the picks first, so the job's next
-pick goes to an engine that can run it instead of failing three times on the dead one.
+"""A job whose engine cannot be reached goes back to the queue, and the engine's node's agent
+is asked to check it (the dispatch worker cannot see its process); when its process is gone,
+the agent fails it and takes it out of the picks, so the job's next pick goes to an engine
+that can run it instead of failing three times on the dead one.
 Real Redis fair queue and database; the engine call is a real connection to a port that
 refuses it."""
 
@@ -10,12 +11,16 @@ import json
 import subprocess
 
 import pytest
+from django.conf import settings
 
 from fairqueue.queue import FairQueue
+from scheduler import worker_tasks
 from scheduler.gpu_inventory import node_name
 from scheduler.models import Device, Engine, EngineStatus
 from scheduler.pools.policies import fair_queue, sync_all_engines, sync_tenant
+from scheduler.worker_tasks import node_queue
 from tests.factories import TenantFactory
+from workers import engine_tasks
 from workers.dispatch import Dispatcher, run_picked
 from workers.runner import Run, RunResult
 
@@ -56,6 +61,23 @@ def make_engine(node: str, model_dir, name: str, *, port: int, kv_tokens: int) -
     )  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def agent_checks(monkeypatch) -> list[tuple[str, str]]:
+    """The checks the dispatcher sends to the engines' agents (queue, engine), run at once
+    as the node's agent runs them."""
+    sent: list[tuple[str, str]] = []
+
+    class Celery:
+        def send_task(self, name: str, *, args: tuple[str], queue: str, **_: object) -> None:
+            assert name == worker_tasks.ENGINE_CHECK_UNREACHABLE
+            sent.append((queue, args[0]))
+            if queue == node_queue(node_name(settings.GPUSHARE_NODE_NAME)):  # this node's agent
+                engine_tasks.check_unreachable(*args)
+
+    monkeypatch.setattr(worker_tasks, "current_app", Celery())
+    return sent
+
+
 def run_on_dispatcher(queue: FairQueue, job) -> RunResult:
     dispatcher = Dispatcher(queue=lambda: queue)
     try:
@@ -81,7 +103,9 @@ def model_dir(tmp_path):
     return tmp_path
 
 
-def test_a_dead_engine_of_this_node_is_failed_before_its_job_goes_back(queue, model_dir, settings):
+def test_a_dead_engine_of_this_node_is_failed_before_its_job_goes_back(
+    queue, model_dir, settings, agent_checks
+):
     here = node_name(settings.GPUSHARE_NODE_NAME)
     make_engine(here, model_dir, "dead", port=1, kv_tokens=100_000)
     make_engine(here, model_dir, "alive", port=2, kv_tokens=10_000)
@@ -91,6 +115,7 @@ def test_a_dead_engine_of_this_node_is_failed_before_its_job_goes_back(queue, mo
     result = run_on_dispatcher(queue, job)
 
     assert result.outcome == "requeued"
+    assert agent_checks == [(f"gpushare.node.{here}", "dead")]  # the check is the agent's
     dead = Engine.objects.get(name="dead")
     assert dead.status == EngineStatus.FAILED
     assert "is gone while ready" in dead.status_detail
@@ -100,11 +125,12 @@ def test_a_dead_engine_of_this_node_is_failed_before_its_job_goes_back(queue, mo
     assert (again.job_id, again.engine_id) == (job.job_id, "alive")
 
 
-def test_an_unreachable_engine_of_another_node_is_left_to_its_node(queue, model_dir):
+def test_an_unreachable_engine_of_another_node_is_left_to_its_node(queue, model_dir, agent_checks):
     # Its process is not ours to look at: its own node's periodic check decides.
     make_engine("elsewhere", model_dir, "dead", port=1, kv_tokens=100_000)
     sync_all_engines(queue)
     job = pick_on_dead_engine(queue)
 
     assert run_on_dispatcher(queue, job).outcome == "requeued"
+    assert agent_checks == [("gpushare.node.elsewhere", "dead")]
     assert Engine.objects.get(name="dead").status == EngineStatus.READY

@@ -1,7 +1,9 @@
 """`manage.py engine create|start|stop|status|key`: register and supervise vLLM engines.
 
 `start` waits until the engine is ready (printing progress) and returns; the engine keeps
-running detached. `status` checks each engine's process and health, marking dead ones failed.
+running detached. Where an engine agent serves the engine's node, `start` and `stop` are
+sent to it and followed (scheduler/engines/agents.py); else they run here, on the engine's node.
+`status` checks the process and health of each engine of this node, marking dead ones failed.
 `key` prints the key the engine accepts (scheduler.engines.auth), for a benchmark or an
 operator's check that calls the engine directly.
 """
@@ -15,6 +17,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from plumbing.errors import DomainError
+from scheduler.engines.agents import agent_serves, agent_start, agent_stop
 from scheduler.engines.auth import engine_api_key
 from scheduler.engines.supervisor import (
     engine_health_check,
@@ -74,10 +77,12 @@ class Command(BaseCommand):
             if action == "create":
                 self._create(options)
             elif action == "start":
-                engine = engine_start(name=options["name"], on_progress=self.stdout.write)
+                start = agent_start if agent_serves(options["name"]) else engine_start
+                engine = start(name=options["name"], on_progress=self.stdout.write)
                 self._show(engine)
             elif action == "stop":
-                engine_stop(name=options["name"], on_progress=self.stdout.write)
+                stop = agent_stop if agent_serves(options["name"]) else engine_stop
+                stop(name=options["name"], on_progress=self.stdout.write)
             elif action == "key":
                 self.stdout.write(engine_api_key(engine_get(name=options["name"]).base_url))
             else:
@@ -121,8 +126,10 @@ class Command(BaseCommand):
         engines = [engine_get(name=name)] if name else list(engine_list())
         if not engines:
             self.stdout.write("No engines: register one with `manage.py engine create NAME`.")
+        here = node_name(settings.GPUSHARE_NODE_NAME)
         for engine in engines:
-            self._show(engine_health_check(engine=engine))
+            # Another node's engine process cannot be seen from here: its agent checks it.
+            self._show(engine_health_check(engine=engine) if engine.device.node == here else engine)
 
     def _show(self, engine: Engine) -> None:
         kv = (
