@@ -19,8 +19,9 @@ output tokens, ignore_eos, request rate inf, --max-concurrency C, max(60, 4*C) p
 the same load (same seed, same prompts) runs straight to the engine and then through the
 platform, back to back. The table gives throughput direct and through the platform and their
 ratio, the TTFT and end-to-end latency the platform adds (p50 and p99, platform minus direct),
-and the platform's CPU per request: CPU seconds of the web (uvicorn), the Celery worker, beat
-and redis-server (from /proc) over the measured requests, divided by the requests completed.
+and the platform's CPU per request: CPU seconds of the web (uvicorn), the Celery worker, beat,
+the engine agent and redis-server (from /proc) over the measured requests, divided by the
+requests completed.
 Its idle part (periodic work) is printed below the table, measured while the direct runs went
 on. The last column is the client's own ceiling: the same client and settings against
 bench/stand_in/instant.py, a server that answers at once, run before the platform starts: if
@@ -95,7 +96,7 @@ CREDENTIALS = REPO / "var" / "demo-credentials.json"
 TOKENIZER = REPO / "var" / "models" / "tiny-llama"
 VENV_PYTHON = REPO / ".venv" / "bin" / "python"
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")  # scripts/lib.sh's default
-PLATFORM_PROCESSES = ("web", "worker", "beat", "redis")
+PLATFORM_PROCESSES = ("web", "worker", "beat", "agent", "redis")
 INPUT_TOKENS, OUTPUT_TOKENS = 32, 64
 LOOP_PROMPT = "Tell me a story about a lighthouse keeper and a storm."
 
@@ -265,8 +266,8 @@ def stop_platform(run: subprocess.Popen[bytes]) -> None:
 
 
 def platform_pids(root: int | None) -> dict[str, int]:
-    """The web, Celery worker and beat processes under `root` (run.sh, or whatever started
-    the web), and the Redis server. Anything else running the platform's commands on this
+    """The web, Celery worker, beat and engine agent processes under `root` (run.sh, or whatever
+    started the web), and the Redis server. Anything else running the platform's commands on this
     machine (another checkout's tests, say) is not under `root` and is left out."""
     parents: dict[int, int] = {}
     commands: dict[int, list[str]] = {}
@@ -299,6 +300,8 @@ def platform_pids(root: int | None) -> dict[str, int]:
 def process_name(argv: list[str]) -> str | None:
     if "plumbing.serve" in argv:
         return "web"
+    if argv[1:3] == ["-m", "agent"]:
+        return "agent"
     if "celery" in [Path(a).name for a in argv[:3]]:  # .venv/bin/celery or python -m celery
         if "worker" in argv:
             return "worker"
