@@ -42,12 +42,18 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process and its reaped children, plus its live children."""
+    """utime + stime of a process and its reaped children, plus its live children, except
+    those in a session of their own: engines, which the engine agent starts that way."""
     total = 0.0
+    session = None
     for task in [pid, *_children(pid)]:
         try:
             fields = Path(f"/proc/{task}/stat").read_text().rsplit(")", 1)[1].split()
         except FileNotFoundError:
+            continue
+        if session is None:
+            session = fields[3]
+        elif fields[3] != session:
             continue
         total += sum(int(v) for v in fields[11:15]) / CLK_TCK  # utime stime cutime cstime
     return total
