@@ -1,5 +1,5 @@
 """The engine client's non-streamed generation requests: the client's own CPU time per request,
-`_KeptAliveHttp` (our HTTP/1.1 client on a plain socket) against the standard library's
+`KeptAliveHttp` (our HTTP/1.1 client on a plain socket) against the standard library's
 http.client kept alive (what the class used before), in the same run.
 
 Starts a small keep-alive HTTP/1.1 server in a subprocess (its CPU is not counted) that answers
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scheduler.engines.client import _KeptAliveHttp
+from plumbing.kept_alive_http import KeptAliveHttp
 
 # A way of posting: given the server's URL, a post() that returns (status, text), and a close().
 Post = Callable[[], tuple[int, str]]
@@ -118,7 +118,7 @@ def old_way(base_url: str) -> tuple[Post, Callable[[], None]]:
 
 
 def new_way(base_url: str) -> tuple[Post, Callable[[], None]]:
-    posts = _KeptAliveHttp(base_url, 10, 300)
+    posts = KeptAliveHttp(base_url, 10, 300)
     return lambda: posts.post(PATH, REQUEST), posts.close
 
 
@@ -150,7 +150,7 @@ def main() -> None:
         base_url = f"http://127.0.0.1:{int(server.stdout.readline())}"
         expected = len(_Handler.body)
         print(f"{args.requests} posts each way in {args.rounds} rounds; answer {expected} bytes")
-        ways: dict[str, Way] = {"http.client": old_way, "_KeptAliveHttp": new_way}
+        ways: dict[str, Way] = {"http.client": old_way, "KeptAliveHttp": new_way}
         totals = {name: [0.0, 0.0] for name in ways}
         per_round = args.requests // args.rounds
         for round_index in range(args.rounds):
@@ -168,9 +168,9 @@ def main() -> None:
                     f" {wall / per_round * 1e6:7.1f} us wall per request"
                 )
         n = per_round * args.rounds
-        old_cpu, new_cpu = totals["http.client"][0] / n, totals["_KeptAliveHttp"][0] / n
+        old_cpu, new_cpu = totals["http.client"][0] / n, totals["KeptAliveHttp"][0] / n
         print(f"http.client:         {old_cpu * 1e6:7.1f} us CPU per request")
-        print(f"_KeptAliveHttp: {new_cpu * 1e6:7.1f} us CPU per request")
+        print(f"KeptAliveHttp: {new_cpu * 1e6:7.1f} us CPU per request")
         print(f"ratio new/old: {new_cpu / old_cpu:.2f}")
     finally:
         server.kill()
