@@ -1,5 +1,5 @@
 """The engine supervisor's fixtures (a stand-in vLLM server, its device and engine)."""
 
-from tests.scheduler.test_engines_supervisor import cpu, engine, fake_vllm, model_dir
+from tests.scheduler.engines.test_supervisor import cpu, engine, fake_vllm, model_dir
 
 __all__ = ["cpu", "engine", "fake_vllm", "model_dir"]

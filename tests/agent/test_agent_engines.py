@@ -13,7 +13,7 @@ from scheduler.engines import process
 from scheduler.engines.agents import agent_of, heartbeat_end
 from scheduler.engines.supervisor import engine_start
 from scheduler.models import Engine, EngineStatus
-from tests.scheduler.test_engines_supervisor import FAST, NODE, kill_and_wait, pid_of
+from tests.scheduler.engines.test_supervisor import FAST, NODE, kill_and_wait, pid_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -533,7 +533,7 @@ def answer_the_first_queued_job(answer: dict) -> threading.Thread:
     """A worker's stand-in: the first job queued for the ready engine's tenant is answered
     `done` with `answer` as its body (nothing runs it here)."""
     from scheduler.pools.policies import fair_queue
-    from tests.scheduler.test_admission import queued_ids
+    from tests.scheduler.online.test_admission import queued_ids
 
     def answering() -> None:
         deadline = time.monotonic() + 10
@@ -557,7 +557,7 @@ def test_answers_and_the_429_carry_the_tenant_s_rate_limits_as_openai_sends_them
     from scheduler.pools.policies import fair_queue
     from tenants.models import Tenant
     from tenants.services import tenant_update
-    from tests.scheduler.test_admission import MODEL, key_to_a_ready_engine
+    from tests.scheduler.online.test_admission import MODEL, key_to_a_ready_engine
 
     headers = {"Authorization": key_to_a_ready_engine(tmp_path)}
     tenant_update(tenant=Tenant.objects.get(slug="acme"), rpm_limit=1, tpm_limit=100_000)
@@ -588,7 +588,7 @@ def test_answers_and_the_429_carry_the_tenant_s_rate_limits_as_openai_sends_them
 
 @pytest.mark.django_db(transaction=True)
 def test_a_tenant_without_minute_limits_gets_no_rate_limit_headers(redis_db, tmp_path):
-    from tests.scheduler.test_admission import MODEL, key_to_a_ready_engine
+    from tests.scheduler.online.test_admission import MODEL, key_to_a_ready_engine
 
     headers = {"Authorization": key_to_a_ready_engine(tmp_path)}
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}

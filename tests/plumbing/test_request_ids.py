@@ -19,7 +19,7 @@ from plumbing import request_ids
 from plumbing.request_ids import RequestIdFilter, request_id_scope
 from scheduler.online import admission as online
 from tests.asgi import asgi_request
-from tests.scheduler.test_admission import admit, key_to_a_ready_engine, queued_ids
+from tests.scheduler.online.test_admission import admit, key_to_a_ready_engine, queued_ids
 from workers import tasks
 from workers.runner import Relay, Run
 

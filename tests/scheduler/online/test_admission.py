@@ -2,7 +2,7 @@
 event loop when the key, the route and the tenant's policy are cached, goes to a thread for
 the step that must ask the database or refresh a cache entry, and a request whose enqueue
 needs the queue taught again from the database is counted against its tenant's limits once,
-not twice. (tests/scheduler/test_web_loop_never_blocks.py checks that nothing blocks the
+not twice. (tests/scheduler/online/test_web_loop_never_blocks.py checks that nothing blocks the
 loop meanwhile.)"""
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from scheduler.engines.supervisor import (
 from scheduler.models import Device, DeviceKind, Engine, EngineStatus
 from scheduler.services import NoRoom, device_register_cpu, engine_create, engine_set_status
 
-FAKE_SERVER = Path(__file__).parents[1] / "support" / "fake_vllm_server.py"
+FAKE_SERVER = Path(__file__).parents[2] / "support" / "fake_vllm_server.py"
 FAST = Timeouts(start_s=20, drain_s=2, stop_s=5, http_s=2, generate_s=5)
 NODE = "testnode"
 

@@ -17,7 +17,7 @@ from scheduler.engines import agents as control
 from scheduler.engines import process
 from scheduler.engines.agents import heartbeat
 from scheduler.models import Device, Engine, EngineStatus
-from tests.scheduler.test_engines_supervisor import NODE
+from tests.scheduler.engines.test_supervisor import NODE
 from workers import engine_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -33,7 +33,7 @@ from scheduler.pools.policies import fair_queue
 from tenants import services
 from tenants.services import tenant_update
 from tests.factories import TenantFactory
-from tests.scheduler.test_admission import MODEL, key_to_a_ready_engine, queued_ids
+from tests.scheduler.online.test_admission import MODEL, key_to_a_ready_engine, queued_ids
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the threads must see the rows
 

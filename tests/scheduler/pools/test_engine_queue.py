@@ -14,7 +14,7 @@ from protocol.classes import ENGINE_PRIORITY, REQUEST_CLASSES
 from scheduler.engines.calls import engine_body
 from scheduler.models import Device, Engine, EngineStatus
 from scheduler.pools.policies import fair_queue, sync_engine
-from tests.scheduler.test_admission import MODEL_CONFIG
+from tests.scheduler.online.test_admission import MODEL_CONFIG
 
 pytestmark = pytest.mark.django_db
 

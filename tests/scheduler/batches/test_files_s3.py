@@ -18,7 +18,7 @@ from config.files_storage import files_storage_config
 from scheduler.models import Batch, BatchStatus, StoredFile
 from tests.api.test_files import assert_streamed_over_asgi, upload
 from tests.conftest import bearer_client
-from tests.scheduler import test_batches_service as service
+from tests.scheduler.batches import test_service as service
 
 pytestmark = pytest.mark.django_db
 
