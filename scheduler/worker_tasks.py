@@ -1,6 +1,6 @@
 """The worker tasks the web, the feeder and the commands start, by name.
 
-A task is sent as a Celery signature of its registered name, so the code that sends one
+A task is sent by its registered name (Celery's `send_task`), so the code that sends one
 imports nothing of the worker processes (`workers/` imports this package, never the other
 way round). Each name here is a task that a module of `workers/` registers under it
 (`@shared_task(name=...)`); tests/workers/test_task_names.py checks each is registered and

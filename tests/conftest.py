@@ -11,9 +11,11 @@ from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from scheduler import worker_tasks
 from tenants.models import Tenant
 from tenants.services import IssuedKey, api_key_create
 from tests.factories import TenantFactory
+from tests.support.sent_tasks import SentTasks
 
 
 @pytest.fixture(autouse=True)
@@ -81,3 +83,11 @@ def redis_db() -> Iterator[redis.Redis]:
     yield client
     client.flushdb()
     client.close()
+
+
+@pytest.fixture
+def sent_tasks(monkeypatch: pytest.MonkeyPatch) -> SentTasks:
+    """The worker tasks sent by name, recorded instead of reaching a broker."""
+    sent = SentTasks()
+    monkeypatch.setattr(worker_tasks, "current_app", sent)
+    return sent

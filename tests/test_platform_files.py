@@ -237,3 +237,21 @@ def test_the_node_entrypoint_registers_the_nodes_gpus_then_runs_its_command():
     lines = [shlex.split(line) for line in script.splitlines() if line and line[0] != "#"]
     assert ["python", "manage.py", "gpus", "discover"] in lines
     assert lines[-1] == ["exec", "$@"]
+
+
+def test_every_package_is_installed_and_copied_into_both_images():
+    """A new top-level package that pyproject.toml or the Dockerfile leaves out imports here
+    and fails in the installed copy or the images."""
+    import tomllib
+
+    packages = {p.parent.name for p in REPO.glob("*/__init__.py")} - {"tests"}
+    with (REPO / "pyproject.toml").open("rb") as file:
+        include = tomllib.load(file)["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert {pattern.removesuffix("*") for pattern in include} == packages
+    text = DOCKERFILE.read_text()
+    for stage in re.split(r"^FROM ", text, flags=re.MULTILINE)[1:]:
+        copied = set(re.findall(r"^COPY (\w+) \./\1$", stage, re.MULTILINE))
+        assert packages <= copied, (stage.split("\n", 1)[0], packages - copied)
+        made = re.search(r"mkdir -p ([\w ]+?) \\", stage)
+        assert made is not None
+        assert set(made.group(1).split()) == packages

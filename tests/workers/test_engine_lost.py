@@ -20,6 +20,7 @@ from scheduler.models import Device, Engine, EngineStatus
 from scheduler.pools.policies import fair_queue, sync_all_engines, sync_tenant
 from scheduler.worker_tasks import node_queue
 from tests.factories import TenantFactory
+from tests.support.sent_tasks import SentTasks
 from workers import engine_tasks
 from workers.dispatch import Dispatcher, run_picked
 from workers.runner import Run, RunResult
@@ -62,20 +63,17 @@ def make_engine(node: str, model_dir, name: str, *, port: int, kv_tokens: int) -
 
 
 @pytest.fixture(autouse=True)
-def agent_checks(monkeypatch) -> list[tuple[str, str]]:
-    """The checks the dispatcher sends to the engines' agents (queue, engine), run at once
-    as the node's agent runs them."""
-    sent: list[tuple[str, str]] = []
+def agent_checks(sent_tasks: SentTasks) -> SentTasks:
+    """The checks the dispatcher sends to the engines' agents; this node's run at once, as
+    the node's agent runs them."""
+    here = node_queue(node_name(settings.GPUSHARE_NODE_NAME))
+    sent_tasks.run_at_once(engine_tasks.check_unreachable, queue=here)
+    return sent_tasks
 
-    class Celery:
-        def send_task(self, name: str, *, args: tuple[str], queue: str, **_: object) -> None:
-            assert name == worker_tasks.ENGINE_CHECK_UNREACHABLE
-            sent.append((queue, args[0]))
-            if queue == node_queue(node_name(settings.GPUSHARE_NODE_NAME)):  # this node's agent
-                engine_tasks.check_unreachable(*args)
 
-    monkeypatch.setattr(worker_tasks, "current_app", Celery())
-    return sent
+def checks(sent: SentTasks) -> list[tuple[str | None, str]]:
+    assert {c.name for c in sent.calls} <= {worker_tasks.ENGINE_CHECK_UNREACHABLE}
+    return [(c.queue, c.args[0]) for c in sent.calls]
 
 
 def run_on_dispatcher(queue: FairQueue, job) -> RunResult:
@@ -115,7 +113,7 @@ def test_a_dead_engine_of_this_node_is_failed_before_its_job_goes_back(
     result = run_on_dispatcher(queue, job)
 
     assert result.outcome == "requeued"
-    assert agent_checks == [(f"gpushare.node.{here}", "dead")]  # the check is the agent's
+    assert checks(agent_checks) == [(f"gpushare.node.{here}", "dead")]  # the check is the agent's
     dead = Engine.objects.get(name="dead")
     assert dead.status == EngineStatus.FAILED
     assert "is gone while ready" in dead.status_detail
@@ -132,5 +130,5 @@ def test_an_unreachable_engine_of_another_node_is_left_to_its_node(queue, model_
     job = pick_on_dead_engine(queue)
 
     assert run_on_dispatcher(queue, job).outcome == "requeued"
-    assert agent_checks == [("gpushare.node.elsewhere", "dead")]
+    assert checks(agent_checks) == [("gpushare.node.elsewhere", "dead")]
     assert Engine.objects.get(name="dead").status == EngineStatus.READY

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 
-from scheduler import worker_tasks
 from scheduler.engines import agents as control
 from scheduler.engines import process
 from scheduler.engines.agents import heartbeat
 from scheduler.models import Device, Engine, EngineStatus
 from tests.scheduler.engines.test_supervisor import NODE
+from tests.support.sent_tasks import SentTasks
 from workers import engine_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,19 +37,11 @@ def model_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def agent_queue(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
-    """The node's agent, in this process: each task sent to the queue runs at once."""
-    sent: list[tuple[str, str]] = []
-
-    tasks = {task.name: task for task in (engine_tasks.start_engine, engine_tasks.stop_engine)}
-
-    class Celery:
-        def send_task(self, name: str, *, args: tuple[str], queue: str, **_: object) -> None:
-            sent.append((queue, name))
-            tasks[name](*args)
-
-    monkeypatch.setattr(worker_tasks, "current_app", Celery())
-    return sent
+def agent_queue(sent_tasks: SentTasks) -> SentTasks:
+    """The node's agent, in this process: each start or stop sent to it runs at once."""
+    sent_tasks.run_at_once(engine_tasks.start_engine)
+    sent_tasks.run_at_once(engine_tasks.stop_engine)
+    return sent_tasks
 
 
 def test_with_an_agent_on_its_node_the_command_has_the_agent_start_and_stop_it(
@@ -62,7 +54,9 @@ def test_with_an_agent_on_its_node_the_command_has_the_agent_start_and_stop_it(
 
     out = StringIO()
     call_command("engine", "start", engine.name, stdout=out)
-    assert agent_queue == [(f"gpushare.node.{NODE}", "workers.engine_start")]
+    assert [(c.queue, c.name) for c in agent_queue.calls] == [
+        (f"gpushare.node.{NODE}", "workers.engine_start")
+    ]
     assert "start requested from manage.py" in out.getvalue()
     assert "KV capacity" in out.getvalue()  # the supervisor's lines, through Redis
     started = Engine.objects.get(pk=engine.pk)
@@ -70,21 +64,18 @@ def test_with_an_agent_on_its_node_the_command_has_the_agent_start_and_stop_it(
 
     out = StringIO()
     call_command("engine", "stop", engine.name, stdout=out)
-    assert agent_queue[-1] == (f"gpushare.node.{NODE}", "workers.engine_stop")
+    last = agent_queue.calls[-1]
+    assert (last.queue, last.name) == (f"gpushare.node.{NODE}", "workers.engine_stop")
     assert f"{engine.name}: stopped" in out.getvalue()
     assert Engine.objects.get(pk=engine.pk).status == EngineStatus.STOPPED
     assert started.pid is not None
     assert not process.is_running(started.pid)
 
 
-def test_an_agent_that_does_not_finish_is_a_timeout(engine, redis_db, monkeypatch, settings):
-    heartbeat(NODE, 5.0)
-
-    class Lost:
-        def send_task(self, name: str, **_: object) -> None:
-            pass
-
-    monkeypatch.setattr(worker_tasks, "current_app", Lost())  # the message is lost
+def test_an_agent_that_does_not_finish_is_a_timeout(
+    engine, redis_db, monkeypatch, settings, sent_tasks
+):
+    heartbeat(NODE, 5.0)  # sent_tasks: the message reaches no agent
     monkeypatch.setattr(control, "SLACK_S", 0.0)
     monkeypatch.setattr(control, "POLL_S", 0.05)
     settings.GPUSHARE_ENGINE_START_TIMEOUT_S = 0.3

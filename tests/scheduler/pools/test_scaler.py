@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 from io import StringIO
-from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -38,6 +37,7 @@ from scheduler.services import (
     pool_update,
 )
 from tests.factories import TenantFactory
+from tests.support.sent_tasks import SentTask, SentTasks
 from workers import scaling_tasks
 
 MODEL = "tiny-llama"
@@ -70,19 +70,9 @@ def pool(device, tmp_path) -> Pool:
 
 
 @pytest.fixture
-def sent(monkeypatch) -> list[dict[str, Any]]:
+def sent(sent_tasks: SentTasks) -> list[SentTask]:
     """Node tasks the scaler sends, instead of a broker."""
-    calls: list[dict[str, Any]] = []
-
-    class Celery:
-        def send_task(
-            self, name: str, *, args: tuple[Any, ...], queue: str, expires: float
-        ) -> None:
-            assert name == worker_tasks.SCALE_ENGINE
-            calls.append({"args": args, "queue": queue, "expires": expires})
-
-    monkeypatch.setattr(worker_tasks, "current_app", Celery())
-    return calls
+    return sent_tasks.calls
 
 
 @pytest.fixture
@@ -157,16 +147,16 @@ def test_the_tick_starts_the_hot_engines_on_their_node_and_logs_why(
     assert decision.engines == ["tiny-llama-1"]
     assert "0 live < hot size 1" in decision.reason
     assert sent == [
-        {
-            "args": (decision.pk, "tiny-llama-1", "start"),
-            "queue": "gpushare.node.node-a",
-            "expires": pytest.approx(scaler.pending_timeout_s()),
-        }
+        SentTask(
+            worker_tasks.SCALE_ENGINE,
+            (decision.pk, "tiny-llama-1", "start"),
+            {"queue": "gpushare.node.node-a", "expires": pytest.approx(scaler.pending_timeout_s())},
+        )
     ]
     # While it is being carried out, nothing else is decided (and the hold is not logged).
     assert tick(pool, now + timedelta(seconds=10), django_capture_on_commit_callbacks) is None
 
-    assert scaling_tasks.scale_engine(*sent[0]["args"]) == "done"
+    assert scaling_tasks.scale_engine(*sent[0].args) == "done"
     decision.refresh_from_db()
     assert decision.outcome == DecisionOutcome.DONE
     assert "ready in 1 s" in decision.outcome_detail
@@ -199,7 +189,7 @@ def test_a_queue_over_target_for_the_sustain_period_starts_a_cold_engine(
     assert started is not None
     assert started.engines == ["tiny-llama-2"]
     assert "5 waiting" in started.reason
-    assert [c["args"][1:] for c in sent] == [("tiny-llama-2", "start")]
+    assert [c.args[1:] for c in sent] == [("tiny-llama-2", "start")]
 
 
 def test_a_quiet_pool_drains_one_cold_engine_on_its_node(
@@ -220,8 +210,8 @@ def test_a_quiet_pool_drains_one_cold_engine_on_its_node(
     assert drained is not None
     assert drained.code == "quiet"
     assert len(drained.engines) == 1
-    assert sent[0]["queue"] == "gpushare.node.node-a"
-    assert scaling_tasks.scale_engine(*sent[0]["args"]) == "done"
+    assert sent[0].queue == "gpushare.node.node-a"
+    assert scaling_tasks.scale_engine(*sent[0].args) == "done"
     assert supervisor_calls == [("stop", drained.engines[0])]
     statuses = sorted(e.status for e in pool_engines(pool=pool))
     assert statuses == [EngineStatus.READY, EngineStatus.STOPPED]
@@ -241,7 +231,7 @@ def test_a_failed_start_is_logged_with_why_and_retried_only_after_a_pause(
     now = timezone.now()
     decision = tick(pool, now, django_capture_on_commit_callbacks)
     assert decision is not None
-    assert scaling_tasks.scale_engine(*sent[0]["args"]) == "failed"
+    assert scaling_tasks.scale_engine(*sent[0].args) == "failed"
     decision.refresh_from_db()
     assert decision.outcome == DecisionOutcome.FAILED
     assert "died while starting" in decision.outcome_detail
