@@ -6,21 +6,22 @@ Every few seconds (a turn of the workers' ticker, workers/periodic.py, once in t
    whenever any kernel runs), GPM SM and tensor activity over a short window (Hopper and
    later), memory used/total, temperature, power; without an NVIDIA driver there are no GPU
    readings at all (never zeros);
-2. the crash/health check of this node's live engines (`engines_check_all`);
-3. each ready engine's /metrics (`telemetry.engines`): KV-cache usage, running and waiting
+2. each ready engine's /metrics (`telemetry.engines`): KV-cache usage, running and waiting
    requests, preemptions, TTFT; with its GPU's tensor activity and the fair queue's
    reserved/capacity this is the engine's load (`telemetry.smoothing.engine_load`), written to
    the fair queue for the offline gate (which counts the engine's seats itself, live, at each
    pick);
-4. rejections the web views noted (`telemetry.rejections`) resolved to tenants, counted, and
+3. rejections the web views noted (`telemetry.rejections`) resolved to tenants, counted, and
    written to the ledger;
-5. new rows of the usage ledger (`telemetry.ledger`) folded into Redis counters (and histogram
+4. new rows of the usage ledger (`telemetry.ledger`) folded into Redis counters (and histogram
    buckets) for `/metrics/cluster`.
 
 Live values are Redis hashes that expire when nobody refreshes them; history rows go to
 `telemetry.models` and `telemetry.history` downsamples them as they age.
 
-The worker that claims a turn samples the GPUs (and checks the engines) of its own node.
+The worker that claims a turn samples the GPUs of its own node. The engines' crash and health
+checks are their node's engine agent's (agent/engines.py): a worker may not see the engines'
+processes.
 With several GPU nodes, each turn goes to the first ticker that asks for it, so the nodes
 share the turns, unevenly: a turn per node (a claim per node) is not done yet. Engines'
 /metrics are read over HTTP from any node. A turn that finds the previous one still running
@@ -39,7 +40,6 @@ from django.conf import settings
 
 from fairqueue.queue import FairQueue
 from plumbing.redis import redis_client
-from scheduler.engines.supervisor import engines_check_all
 from scheduler.gpu_inventory import (
     node_name,
 )
@@ -71,7 +71,6 @@ class SampleReport:
     skipped: bool = False
     gpus: list[GpuReading] = field(default_factory=list)
     engines: list[EngineReading] = field(default_factory=list)
-    failed_engines: list[str] = field(default_factory=list)
     rejections: int = 0
     ledger_rows: int = 0
 
@@ -80,7 +79,6 @@ def telemetry_sample(
     *,
     now: float | None = None,
     queue: FairQueue | None = None,
-    check_engines: bool = True,
 ) -> SampleReport:
     """One sampler tick (see the module's docstring)."""
     client = redis_client()
@@ -89,14 +87,12 @@ def telemetry_sample(
     if not client.set(LOCK_KEY, token, nx=True, ex=max(10, int(6 * interval))):
         return SampleReport(skipped=True)
     try:
-        return _sample(client, now if now is not None else time.time(), queue, check_engines)
+        return _sample(client, now if now is not None else time.time(), queue)
     finally:
         client.eval(_RELEASE_OWN_LOCK, 1, LOCK_KEY, token)
 
 
-def _sample(
-    client: redis.Redis, now: float, queue: FairQueue | None, check_engines: bool
-) -> SampleReport:
+def _sample(client: redis.Redis, now: float, queue: FairQueue | None) -> SampleReport:
     queue = queue or fair_queue()
     node = node_name(settings.GPUSHARE_NODE_NAME)
     report = SampleReport()
@@ -118,11 +114,6 @@ def _sample(
                 power_w=reading.power_w,
             )
         )
-    if check_engines:
-        try:
-            report.failed_engines = [e.name for e in engines_check_all()]
-        except Exception:  # one broken engine record must not stop the sampling
-            log.exception("telemetry: the engine check failed")
     reserved = queue.engine_reserved_bytes()
     engine_rows = []
     engines = Engine.objects.select_related("device").filter(status=EngineStatus.READY)

@@ -16,14 +16,11 @@ from telemetry.sampling import telemetry_sample
 def sample() -> dict[str, Any]:
     """Every few seconds: GPUs, engines' /metrics and load, rejections, ledger
     counters (telemetry.sampling)."""
-    # The engines' crash and health checks are their node's engine agent's (agent/main.py):
-    # a worker may not see the engines' processes (another container).
-    report = telemetry_sample(check_engines=False)
+    report = telemetry_sample()
     return {
         "skipped": report.skipped,
         "gpus": len(report.gpus),
         "engines": {e.engine: round(e.load, 3) for e in report.engines},
-        "failed_engines": report.failed_engines,
         "rejections": report.rejections,
         "ledger_rows": report.ledger_rows,
     }

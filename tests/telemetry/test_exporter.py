@@ -89,9 +89,9 @@ def busy(
         )  # fmt: skip
     rejection_note(authorization=f"Bearer {owner_key.raw_key}", reason="rate_limit_exceeded",
                    status=429, request_class="", endpoint="chat", at=1.79e9)  # fmt: skip
-    telemetry_sample(check_engines=False)
+    telemetry_sample()
     stub_engine.values.update(ttft_count=4, ttft_sum=0.2)  # first tokens since the last tick
-    telemetry_sample(check_engines=False)
+    telemetry_sample()
     return owner
 
 
@@ -244,7 +244,7 @@ def test_engine_and_gpu_values_come_from_the_sampler(busy: Tenant):
 
 def test_without_a_gpu_the_gpu_metrics_have_no_samples(redis_db, stub_engine: StubEngine):
     register(make_engine(stub_engine.port))
-    telemetry_sample(check_engines=False)
+    telemetry_sample()
     samples = scrape()
     assert not [name for name in samples if name.startswith("gpushare_gpu_")]
     assert value(samples, "gpushare_engine_load", engine="eng-a") == 0.25
@@ -271,7 +271,7 @@ def test_refused_openai_requests_are_counted_by_tenant_reason_and_status(
     response = asgi_request("POST", "/v1/chat/completions", json=body,
                             headers={"Authorization": "Bearer gs-wrong"})  # fmt: skip
     assert response.status_code == 401
-    telemetry_sample(check_engines=False)
+    telemetry_sample()
     samples = scrape()
     assert value(samples, "gpushare_rejections_total", tenant="acme", status="404") == 1
     assert value(samples, "gpushare_rejections_total", tenant="", status="401") == 1

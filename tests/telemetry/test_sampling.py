@@ -170,7 +170,7 @@ def live(redis_db: redis.Redis) -> redis.Redis:
 
 def test_without_an_nvidia_driver_there_are_no_gpu_readings_at_all(live: redis.Redis):
     assert read_gpus() == []  # this machine has no NVIDIA driver: the real pynvml says so
-    report = telemetry_sample(check_engines=False)
+    report = telemetry_sample()
     assert report.gpus == []
     assert not GpuSample.objects.exists()
     assert not live.keys("gs:telemetry:gpu*")
@@ -180,7 +180,7 @@ def test_with_pynvml_each_gpu_is_sampled_and_missing_sensors_stay_absent(
     live: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ):
     FakeNvml([40, 90]).install(monkeypatch)
-    telemetry_sample(check_engines=False, now=1000.0)
+    telemetry_sample(now=1000.0)
     node = node_name("")
     first = gpu_live(live, node, 0)
     assert first["utilization_percent"] == 40
@@ -205,9 +205,9 @@ def test_gpu_utilisation_is_smoothed_between_samples(
     settings.GPUSHARE_TELEMETRY_SMOOTHING_S = 30.0
     nvml = FakeNvml([0])
     nvml.install(monkeypatch)
-    telemetry_sample(check_engines=False, now=1000.0)
+    telemetry_sample(now=1000.0)
     nvml.utilization = [100]
-    telemetry_sample(check_engines=False, now=1005.0)
+    telemetry_sample(now=1005.0)
     reading = gpu_live(live, node_name(""), 0)
     assert reading["utilization_percent"] == 100
     assert 10 < reading["utilization_smoothed"] < 20  # 100 x (1 - e^(-5/30)) = 15.4
@@ -222,7 +222,7 @@ def test_an_engines_load_is_the_max_of_its_signals_and_reaches_the_fair_queue(
     engine = make_engine(stub_engine.port)
     register(engine, kv_budget_units=4)
     reserve(engine, 3)  # 3 of 4 units reserved: more than the engine's own KV usage
-    report = telemetry_sample(check_engines=False)
+    report = telemetry_sample()
     (reading,) = report.engines
     assert reading.kv_cache_usage == 0.25
     assert reading.reserved_fraction == pytest.approx(0.75)
@@ -244,7 +244,7 @@ def test_kv_usage_drives_the_load_when_it_is_the_largest(live, stub_engine: Stub
     engine = make_engine(stub_engine.port)
     register(engine)
     stub_engine.values["kv"] = 0.9
-    (reading,) = telemetry_sample(check_engines=False).engines
+    (reading,) = telemetry_sample().engines
     assert reading.load == pytest.approx(0.9)
 
 
@@ -254,7 +254,7 @@ def test_a_busy_utilization_gpu_does_not_load_a_gpu_engine(
     FakeNvml([100]).install(monkeypatch)  # one decoding sequence reads 100 % here
     engine = make_engine(stub_engine.port, kind="gpu")
     register(engine)
-    (reading,) = telemetry_sample(check_engines=False).engines
+    (reading,) = telemetry_sample().engines
     assert reading.gpu_utilization == pytest.approx(1.0)  # exported: the first sample
     assert reading.tensor_activity is None  # the fake GPU has no GPM
     assert reading.load == pytest.approx(0.25)  # the engine's KV usage, not the GPU's 100 %
@@ -269,7 +269,7 @@ def test_a_gpu_engine_counts_its_gpus_tensor_activity(
     monkeypatch.setattr(gpus, "gpm_activity", lambda handles, window_s: [activity] * len(handles))
     engine = make_engine(stub_engine.port, kind="gpu")
     register(engine)
-    (reading,) = telemetry_sample(check_engines=False).engines
+    (reading,) = telemetry_sample().engines
     assert (reading.sm_activity, reading.tensor_activity) == (0.77, 0.71)
     assert (reading.load, reading.load_signal) == (pytest.approx(0.71), "tensor_activity")
     queue = fair_queue()
@@ -282,11 +282,11 @@ def test_preemptions_and_ttft_are_taken_between_two_readings(live, stub_engine: 
     engine = make_engine(stub_engine.port)
     register(engine)
     stub_engine.values.update(preemptions=5, ttft_count=10, ttft_sum=2.0)
-    (first,) = telemetry_sample(check_engines=False, now=1000.0).engines
+    (first,) = telemetry_sample(now=1000.0).engines
     assert first.preemptions == 0  # no baseline yet
     assert first.ttft_mean_s is None
     stub_engine.values.update(preemptions=8, ttft_count=14, ttft_sum=3.0)
-    (second,) = telemetry_sample(check_engines=False, now=1005.0).engines
+    (second,) = telemetry_sample(now=1005.0).engines
     assert second.preemptions == 3
     assert second.ttft_mean_s == pytest.approx(0.25)
     assert float(engine_live(live, engine.name)["ttft_mean_s"]) == pytest.approx(0.25)
@@ -296,28 +296,17 @@ def test_an_engine_that_does_not_answer_still_gets_a_load_from_its_reservations(
     engine = make_engine(1)  # nothing listens on port 1
     register(engine, kv_budget_units=4)
     reserve(engine, 1)
-    (reading,) = telemetry_sample(check_engines=False).engines
+    (reading,) = telemetry_sample().engines
     assert reading.kv_cache_usage is None
     assert reading.load == pytest.approx(0.25)
 
 
-def test_each_tick_runs_the_engine_check_and_overlapping_ticks_skip(
-    live: redis.Redis, monkeypatch: pytest.MonkeyPatch
-):
-    checked: list[bool] = []
-
-    def check_all() -> list[Engine]:
-        checked.append(True)
-        return []
-
-    monkeypatch.setattr(telemetry, "engines_check_all", check_all)
-    telemetry_sample()
-    assert checked == [True]
+def test_overlapping_ticks_skip(live: redis.Redis):
+    assert not telemetry_sample().skipped
     assert not live.exists(telemetry.LOCK_KEY)  # a tick lets its own lock go
     live.set(telemetry.LOCK_KEY, "another tick")
     assert telemetry_sample().skipped
-    assert checked == [True]
-    assert live.exists(telemetry.LOCK_KEY)  # a skipped tick leaves the other one's alone
+    assert live.get(telemetry.LOCK_KEY) == "another tick"  # a skipped tick leaves it alone
 
 
 # --- the ledger and rejections --------------------------------------------------------------
@@ -448,16 +437,16 @@ def test_rejections_are_counted_by_tenant_and_written_to_the_ledger(
         until=datetime(2027, 1, 1, tzinfo=UTC),
     )  # fmt: skip
     assert (report.requests, report.rejected_429, report.timeouts) == (3, 2, 1)
-    telemetry_sample(check_engines=False)
-    telemetry_sample(check_engines=False)  # the fold runs a tick behind
+    telemetry_sample()
+    telemetry_sample()  # the fold runs a tick behind
     assert ledger_counters(live)[("req", "acme", "standard", "", "rejected")] == 2
 
 
 def test_the_sampler_drains_rejections_before_folding_the_ledger(live, owner_key: IssuedKey):
     note(live, f"Bearer {owner_key.raw_key}", "insufficient_quota", 429)
-    report = telemetry_sample(check_engines=False)
+    report = telemetry_sample()
     assert (report.rejections, report.ledger_rows) == (1, 0)
-    assert telemetry_sample(check_engines=False).ledger_rows == 1  # a tick later
+    assert telemetry_sample().ledger_rows == 1  # a tick later
     assert ledger_counters(live)[("req", "acme", "standard", "", "rejected")] == 1
 
 
