@@ -12,7 +12,7 @@ import django_stubs_ext
 from config.files_storage import files_storage_config
 from config.secret_key import secret_key
 from config.sqlite import sqlite_options
-from plumbing.env import env_bool, env_float, env_int, env_list, env_str
+from plumbing.env import env_bool, env_float, env_int, env_list, env_numbers, env_str
 
 # Lets generic admin/serializer classes be subscripted at run time, as the type hints do.
 django_stubs_ext.monkeypatch()
@@ -298,6 +298,18 @@ GPUSHARE_ENGINE_QUEUED_PER_SEAT = env_float("GPUSHARE_ENGINE_QUEUED_PER_SEAT", 1
 # arriving, and takes at most the rest of what online work leaves free.
 GPUSHARE_OFFLINE_GATE_MARGIN = env_float("GPUSHARE_OFFLINE_GATE_MARGIN", 0.1)
 GPUSHARE_OFFLINE_RESERVE_PER_SEAT = env_float("GPUSHARE_OFFLINE_RESERVE_PER_SEAT", 0.25)
+# Seats by class (docs/ARCHITECTURE.md, Seats by class and latency targets): a time to first
+# token target per class (ms; interactive and standard, e.g. "interactive=300"), held on each
+# engine by bounding the seats of the classes below it; or a fixed number of seats those
+# classes may hold ("interactive=4"). None set: every class may take every seat (full
+# throughput). `manage.py pool targets` overrides both for one pool.
+GPUSHARE_TTFT_TARGETS_MS = env_numbers("GPUSHARE_TTFT_TARGETS_MS", {})
+GPUSHARE_FIXED_SEATS_BELOW = env_numbers("GPUSHARE_FIXED_SEATS_BELOW", {})
+# The controllers: the share of a class's times to first token to be within its target, the
+# seats a bound moves by per miss, and how long a class goes unmeasured before its bound lapses.
+GPUSHARE_TARGET_QUANTILE = env_float("GPUSHARE_TARGET_QUANTILE", 0.995)
+GPUSHARE_TARGET_STEP = env_float("GPUSHARE_TARGET_STEP", 1.0)
+GPUSHARE_TARGET_IDLE_S = env_float("GPUSHARE_TARGET_IDLE_S", 30.0)
 # The most engine calls one worker process holds at once (a safety bound: the engines' seats
 # and KV budgets, enforced by the fair queue, are what bound them in practice). Beyond it the
 # process stops picking and the pool's other workers are summoned.

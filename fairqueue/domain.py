@@ -42,6 +42,27 @@ class TenantPolicy:
             raise ValueError("quota and burst cannot be negative")
 
 
+# The classes a seat bound protects: each has classes below it.
+BOUNDED_CLASSES: tuple[str, ...] = (RequestClass.INTERACTIVE, RequestClass.STANDARD)
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """How the seat controllers move (lua/lib.lua `observe_ttft`): the share `quantile` of
+    a class's times to first token is to be within its target; a bound moves by `step` seats
+    per (weighted) miss; a class unmeasured for `idle_s` seconds bounds nothing."""
+
+    quantile: float = 0.995
+    step: float = 1.0
+    idle_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 0.5 <= self.quantile < 1:
+            raise ValueError("the target quantile is in [0.5, 1)")
+        if self.step <= 0 or self.idle_s <= 0:
+            raise ValueError("the controller's step and idle time must be positive")
+
+
 @dataclass(frozen=True)
 class EnginePolicy:
     """One engine as admission sees it. `load` is 0..1 (docs/ARCHITECTURE.md, The offline gate).
@@ -63,12 +84,25 @@ class EnginePolicy:
     # `offline_reserve` of the seats free for online work arriving.
     offline_gate_margin: float = 0.0
     offline_reserve: int = 0
+    # The seat bounds (lua/lib.lua `seats_below`), by the class they protect: a time to first
+    # token target (seconds) that a controller holds by bounding the seats of the classes
+    # below, or a fixed number of seats for those classes. A class with neither bounds none.
+    ttft_targets_s: Mapping[str, float] = field(default_factory=dict)
+    fixed_seats_below: Mapping[str, int] = field(default_factory=dict)
+    seat_controller: ControllerSettings = field(default_factory=ControllerSettings)
 
     def __post_init__(self) -> None:
         if min(self.kv_budget_bytes, self.max_num_seqs, self.queued, self.offline_reserve) < 0:
             raise ValueError(
                 "an engine's KV budget, max_num_seqs, queue and offline reserve cannot be negative"
             )
+        for name in [*self.ttft_targets_s, *self.fixed_seats_below]:
+            if name not in BOUNDED_CLASSES:
+                raise ValueError(f"only {' and '.join(BOUNDED_CLASSES)} bound lower classes")
+        if min(self.ttft_targets_s.values(), default=1.0) <= 0:
+            raise ValueError("a time to first token target must be positive")
+        if min(self.fixed_seats_below.values(), default=1) < 1:
+            raise ValueError("a fixed bound leaves the classes below at least one seat")
 
     @property
     def max_in_flight(self) -> int:
@@ -166,6 +200,8 @@ class Job:
     answered: str = ""
     # The sequences it runs (n samples of each of its prompts): the engine seats it takes.
     seqs: int = 1
+    # Its tenant's VTC counter when it was picked: its place in the engine (engine_priority).
+    stamp: float = 0.0
 
     @classmethod
     def from_hash(cls, job_id: str, fields: Mapping[str, str]) -> "Job":
@@ -189,6 +225,7 @@ class Job:
             reason=fields.get("reason", ""),
             answered=fields.get("answered", ""),
             seqs=int(fields.get("seqs") or 1),
+            stamp=float(fields.get("stamp") or 0.0),
         )
 
 

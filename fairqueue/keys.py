@@ -17,18 +17,23 @@ key                                    type     holds
 ``q:{pool}:{class}:{tenant}``          list     the tenant's waiting job ids, head = left
 ``backlog:{pool}:{class}``             zset     backlogged tenants scored by their VTC counter
 ``vtc:{pool}:{class}``                 hash     every tenant's VTC counter (also when idle)
-``vtcfloor:{pool}:{class}``            string   counter of the last tenant that left the backlog,
-                                                the lift target when the backlog is empty
+``vtcseated:{pool}:{class}``           string   the highest stamp of a job of the class run to its
+                                                end: no tenant joins the backlog below it
 ``cvt:{pool}``                         hash     class virtual time per class (stride scheduling)
 ``tenant:{tenant}``                    hash     policy: weight, quota_bytes, burst_bytes
 ``tenant:{tenant}:use``                hash     reserved (bytes held by in-flight jobs)
 ``tenants``                            set      tenants that have a policy
 ``engine:{engine_id}``                 hash     policy: pool, kv_budget_bytes, max_num_seqs,
                                                 queued, offline_load_threshold,
-                                                offline_gate_margin, offline_reserve; the
-                                                samplers' load, load_signal, load_closed
-``engine:{engine_id}:use``             hash     reserved (bytes), inflight (seats), offline
-                                                (the seats of inflight offline jobs hold)
+                                                offline_gate_margin, offline_reserve, the seat
+                                                bounds' target:{class}, fixed:{class},
+                                                target_quantile, target_step, target_idle_s;
+                                                the samplers' load, load_signal, load_closed;
+                                                the controllers' below:, cut:, sampled:{class}
+``engine:{engine_id}:use``             hash     reserved (bytes), inflight (seats), standard
+                                                and offline (the seats those classes hold)
+``engine:{engine_id}:ttft:{class}``    list     the latest times to first token there (ms),
+                                                newest first, of a class with a target
 ``engines``                            set      engines that have a policy
 ``pool:{pool}:engines``                set      engines serving the pool
 ``pools``                              set      pools that ever had a job or an engine
@@ -82,8 +87,8 @@ class Keys:
     def counters(self, pool: str, request_class: str) -> str:
         return f"{self.prefix}vtc:{pool}:{request_class}"
 
-    def counter_floor(self, pool: str, request_class: str) -> str:
-        return f"{self.prefix}vtcfloor:{pool}:{request_class}"
+    def seated(self, pool: str, request_class: str) -> str:
+        return f"{self.prefix}vtcseated:{pool}:{request_class}"
 
     def class_clock(self, pool: str) -> str:
         return f"{self.prefix}cvt:{pool}"
@@ -102,6 +107,9 @@ class Keys:
 
     def engine_usage(self, engine_id: str) -> str:
         return f"{self.prefix}engine:{engine_id}:use"
+
+    def engine_ttfts(self, engine_id: str, request_class: str) -> str:
+        return f"{self.prefix}engine:{engine_id}:ttft:{request_class}"
 
     def engines(self) -> str:
         return f"{self.prefix}engines"

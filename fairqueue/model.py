@@ -7,6 +7,7 @@ so the two agree exactly, ties included (tenants tie-break by name, as a Redis s
 orders equal scores).
 """
 
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -20,11 +21,69 @@ def token_charge(prompt_tokens: int, output_tokens: int, weight: float) -> float
     return (prompt_tokens + 2 * output_tokens) / weight
 
 
-def lifted_counter(counter: float, backlogged: Iterable[float], floor: float) -> float:
+def lifted_counter(counter: float, backlogged: Iterable[float], seated: float) -> float:
     """The counter of a tenant that becomes backlogged: no less than the least backlogged
-    counter (or the floor when none is backlogged), so idle time is not banked."""
-    others = list(backlogged)
-    return max(counter, min(others) if others else floor)
+    counter, nor than `seated` (the highest stamp of a job of the class run to its end), so
+    idle time is not banked (`lua/lib.lua` join_backlog)."""
+    return max(counter, seated, min(backlogged, default=seated))
+
+
+# --- seats by class (lua/lib.lua seats_below, class_limit, observe_ttft) ------------------
+
+MISS_WEIGHT = 4.0
+
+
+def held_below(held: Mapping[str, int], request_class: str) -> int:
+    """The seats the classes below `request_class` hold, from the seats each class holds."""
+    rank = REQUEST_CLASSES.index(request_class)
+    return sum(held.get(name, 0) for name in REQUEST_CLASSES[rank + 1 :])
+
+
+@dataclass
+class SeatController:
+    """One class's bound on one engine: the seats the classes below it may hold. `below` is
+    None until its first measure (and after an idle spell): no bound."""
+
+    target_s: float
+    most: int  # the engine's seats and its queue
+    quantile: float = 0.995
+    step: float = 1.0
+    idle_s: float = 30.0
+    below: float | None = None
+    cut_at: float = 0.0
+    sampled_at: float = 0.0
+
+    def observe(self, ttft_s: float, picked_at: float, now: float) -> None:
+        below = self.below
+        if below is None or now - self.sampled_at > self.idle_s:
+            below = float(self.most)
+        self.sampled_at = now
+        if ttft_s <= self.target_s:
+            below = below + self.step * (1 - self.quantile)
+        elif picked_at > self.cut_at:
+            below = below - self.step * self.quantile * min(ttft_s / self.target_s, MISS_WEIGHT)
+            self.cut_at = now
+        else:
+            below = below - self.step * self.quantile
+        self.below = min(float(self.most), max(1.0, below))
+
+    def bound(self, now: float) -> int | None:
+        """The seats the classes below may hold now; None: no bound (unmeasured, or idle)."""
+        if self.below is None or now - self.sampled_at > self.idle_s:
+            return None
+        return max(1, math.floor(self.below))
+
+
+def class_limit(
+    bounds: Mapping[str, int | None], held: Mapping[str, int], request_class: str
+) -> str:
+    """'' while a job of `request_class` may take a seat, else the class above whose bound
+    holds it back: a bound is full once the classes below hold as many seats as it allows."""
+    for above in REQUEST_CLASSES[: REQUEST_CLASSES.index(request_class)]:
+        bound = bounds.get(above)
+        if bound is not None and held_below(held, above) >= bound:
+            return above
+    return ""
 
 
 def class_order(clock: Mapping[str, float], open_classes: Iterable[str]) -> list[str]:
@@ -69,6 +128,7 @@ class ModelJob:
     charged: float = 0.0
     weight: float = 1.0
     seqs: int = 1  # engine seats it takes
+    stamp: float = 0.0  # its tenant's counter when picked: its place in the engine
 
 
 class FairModel:
@@ -86,12 +146,13 @@ class FairModel:
         self.jobs: dict[str, ModelJob] = {}
         self.queues: dict[tuple[str, str], deque[str]] = {}
         self.counters: dict[tuple[str, str], float] = {}
-        self.floor: dict[str, float] = {}
+        self.seated: dict[str, float] = {}
         self.clock: dict[str, float] = {}
         self.tenant_reserved: dict[str, int] = dict.fromkeys(self.tenants, 0)
         self.engine_reserved: dict[str, int] = dict.fromkeys(self.engines, 0)
         self.engine_inflight: dict[str, int] = dict.fromkeys(self.engines, 0)
         self.engine_offline: dict[str, int] = dict.fromkeys(self.engines, 0)  # of inflight
+        self.engine_standard: dict[str, int] = dict.fromkeys(self.engines, 0)  # of inflight
         self.load_closed: dict[str, bool] = dict.fromkeys(self.engines, False)
 
     # --- queues and counters ----------------------------------------------------------------
@@ -108,7 +169,7 @@ class FairModel:
                 self.counters[(job.request_class, t)] for t in self._backlogged(job.request_class)
             ]
             self.counters[key] = lifted_counter(
-                self.counters.get(key, 0.0), others, self.floor.get(job.request_class, 0.0)
+                self.counters.get(key, 0.0), others, self.seated.get(job.request_class, 0.0)
             )
         if at_head:
             queue.appendleft(job.job_id)
@@ -118,8 +179,6 @@ class FairModel:
     def _remove(self, job: ModelJob) -> None:
         key = (job.request_class, job.tenant)
         self.queues[key].remove(job.job_id)
-        if not self._backlogged(job.request_class):
-            self.floor[job.request_class] = self.counters[key]
 
     def _recharge(self, job: ModelJob, new_charge: float) -> None:
         delta = new_charge - job.charged
@@ -134,6 +193,8 @@ class FairModel:
         self.engine_inflight[job.engine_id] -= job.seqs
         if job.request_class == RequestClass.OFFLINE:
             self.engine_offline[job.engine_id] -= job.seqs
+        if job.request_class == RequestClass.STANDARD:
+            self.engine_standard[job.engine_id] -= job.seqs
 
     # --- decisions ----------------------------------------------------------------------------
 
@@ -187,9 +248,27 @@ class FairModel:
             load_closed=self.load_closed[engine_id],
         )
 
+    def held(self, engine_id: str) -> dict[str, int]:
+        """The seats each class holds on the engine."""
+        standard, offline = self.engine_standard[engine_id], self.engine_offline[engine_id]
+        held: dict[str, int] = {
+            RequestClass.INTERACTIVE: self.engine_inflight[engine_id] - standard - offline,
+            RequestClass.STANDARD: standard,
+            RequestClass.OFFLINE: offline,
+        }
+        return held
+
     def open_classes(self, engine_id: str) -> list[str]:
+        """The classes a pick for the engine may take: offline while its gate is open, and
+        none whose seats a bound of a class above holds full (the model knows fixed bounds;
+        tests/fairqueue/test_seat_controller.py checks the controllers')."""
         gate_open = self.offline_gate(engine_id) == ""
-        return [c for c in REQUEST_CLASSES if c != RequestClass.OFFLINE or gate_open]
+        held, bounds = self.held(engine_id), dict(self.engines[engine_id].fixed_seats_below)
+        return [
+            c
+            for c in REQUEST_CLASSES
+            if (c != RequestClass.OFFLINE or gate_open) and not class_limit(bounds, held, c)
+        ]
 
     def choose(self, engine_id: str) -> ModelJob | None:
         engine = self.engines[engine_id]
@@ -215,6 +294,7 @@ class FairModel:
         if job is None:
             return None
         job.weight = self.tenants[job.tenant].weight
+        job.stamp = self.counters[(job.request_class, job.tenant)]
         self._recharge(job, token_charge(job.prompt_tokens, job.max_tokens, job.weight))
         self._remove(job)
         chosen_time = self.clock.get(job.request_class, 0.0)
@@ -228,6 +308,8 @@ class FairModel:
         self.engine_inflight[engine_id] += job.seqs
         if job.request_class == RequestClass.OFFLINE:
             self.engine_offline[engine_id] += job.seqs
+        if job.request_class == RequestClass.STANDARD:
+            self.engine_standard[engine_id] += job.seqs
         return job
 
     def engines_by_room(self) -> list[str]:
@@ -252,6 +334,8 @@ class FairModel:
         if job is None or job.state != "running":
             return False
         self._free(job)
+        seated = self.seated.get(job.request_class, 0.0)
+        self.seated[job.request_class] = max(seated, job.stamp)
         self._recharge(job, token_charge(prompt_tokens, completion_tokens, job.weight))
         job.state = "done"
         return True

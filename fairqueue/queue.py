@@ -60,6 +60,7 @@ import redis
 from redis.commands.core import Script
 
 from fairqueue.domain import (
+    BOUNDED_CLASSES,
     CheckReport,
     DispatchLoop,
     EnginePolicy,
@@ -72,6 +73,7 @@ from fairqueue.domain import (
 )
 from fairqueue.inbox import chunk_entry, event_entry
 from fairqueue.keys import Keys, check_id
+from fairqueue.seats import EngineSeats, engine_seats
 from plumbing import wire
 from plumbing.raw_redis import RawRedis
 from protocol.classes import REQUEST_CLASSES
@@ -79,6 +81,8 @@ from protocol.classes import REQUEST_CLASSES
 LUA_DIR = Path(__file__).with_name("lua")
 # An idle loop's wait is cut in slices this long at most (and at most half its registration).
 WAIT_SLICE_S = 2.0
+# A seat controller's state in its engine's hash, per class (lua/lib.lua `observe_ttft`).
+CONTROLLER_FIELDS = ("below", "cut", "sampled")
 # One per decision; each file in lua/ runs after lib.lua as one atomic script.
 SCRIPT_NAMES: tuple[str, ...] = (
     *("enqueue", "pick", "release", "release_pick", "cancel", "requeue"),
@@ -112,10 +116,14 @@ class LastWords:
     event: Mapping[str, Any] | None = None
     outbox: str = ""
     entry: str = ""
+    # Its time to first token in seconds, from its request's arrival, for the seat
+    # controller of its class on its engine; None: it gave no token.
+    ttft_s: float | None = None
 
     def args(self) -> list[str]:
         event = "" if self.event is None else wire.dumps(dict(self.event))
-        return [event, self.outbox, self.entry]
+        ttft = "" if self.ttft_s is None else repr(max(0.0, float(self.ttft_s)))
+        return [event, self.outbox, self.entry, ttft]
 
 
 NO_LAST_WORDS = LastWords()
@@ -171,23 +179,43 @@ class FairQueue:
 
     def set_engine_policy(self, policy: EnginePolicy) -> None:
         check_id("engine", policy.engine_id)
-        previous = self.redis.hget(self.keys.engine(policy.engine_id), "pool")
+        key = self.keys.engine(policy.engine_id)
+        names = ["pool", *(f"target:{c}" for c in BOUNDED_CLASSES)]
+        previous, *targets = self.redis.hmget(key, names)
         pipe = self.redis.pipeline()
         if previous is not None and _text(previous) != policy.pool:
             pipe.srem(self.keys.pool_engines(_text(previous)), policy.engine_id)
-        pipe.hset(
-            self.keys.engine(policy.engine_id),
-            mapping={
-                "pool": policy.pool,
-                "kv_budget_bytes": policy.kv_budget_bytes,
-                "max_num_seqs": policy.max_num_seqs,
-                "queued": policy.queued,
-                "offline_load_threshold": repr(float(policy.offline_load_threshold)),
-                "offline_gate_margin": repr(float(policy.offline_gate_margin)),
-                "offline_reserve": policy.offline_reserve,
-                "load": repr(float(policy.load)),
-            },
-        )
+        bounds: dict[str, str] = {}  # the bounds set, as the engine's hash holds them
+        for request_class, was in zip(BOUNDED_CLASSES, targets, strict=True):
+            target = policy.ttft_targets_s.get(request_class)
+            if target is not None:
+                bounds[f"target:{request_class}"] = repr(float(target))
+            fixed = policy.fixed_seats_below.get(request_class)
+            if fixed is not None:
+                bounds[f"fixed:{request_class}"] = str(int(fixed))
+            if was is None or target is None or float(was) != target:
+                # A new target starts its controller afresh: the bound it held was for another.
+                pipe.hdel(key, *(f"{f}:{request_class}" for f in CONTROLLER_FIELDS))
+                pipe.delete(self.keys.engine_ttfts(policy.engine_id, request_class))
+        stale = [f"{kind}:{c}" for kind in ("target", "fixed") for c in BOUNDED_CLASSES]
+        if unset := [name for name in stale if name not in bounds]:
+            pipe.hdel(key, *unset)
+        controller = policy.seat_controller
+        fields: dict[Any, Any] = {
+            **bounds,
+            "target_quantile": repr(controller.quantile),
+            "target_step": repr(controller.step),
+            "target_idle_s": repr(controller.idle_s),
+            "pool": policy.pool,
+            "kv_budget_bytes": policy.kv_budget_bytes,
+            "max_num_seqs": policy.max_num_seqs,
+            "queued": policy.queued,
+            "offline_load_threshold": repr(float(policy.offline_load_threshold)),
+            "offline_gate_margin": repr(float(policy.offline_gate_margin)),
+            "offline_reserve": policy.offline_reserve,
+            "load": repr(float(policy.load)),
+        }
+        pipe.hset(key, mapping=fields)
         pipe.sadd(self.keys.engines(), policy.engine_id)
         pipe.sadd(self.keys.pool_engines(policy.pool), policy.engine_id)
         pipe.sadd(self.keys.pools(), policy.pool)
@@ -617,6 +645,30 @@ class FairQueue:
         for engine in engines:
             pipe.hget(self.keys.engine_usage(engine), "reserved")
         return {e: int(v or 0) for e, v in zip(engines, pipe.execute(), strict=True)}
+
+    def seat_reports(self, pool: str | None = None, now: float | None = None) -> list[EngineSeats]:
+        """The seats of each engine (of `pool`, or all) by class: bounds, what the classes
+        hold and their times to first token (`fairqueue.seats`), in two round trips."""
+        if now is None:
+            seconds, micros = self.redis.time()
+            now = seconds + micros / 1e6
+        key = self.keys.pool_engines(pool) if pool is not None else self.keys.engines()
+        engines = sorted(_text(e) for e in self.redis.smembers(key))
+        pipe = self.redis.pipeline(transaction=False)
+        for engine in engines:
+            pipe.hgetall(self.keys.engine(engine))
+            pipe.hgetall(self.keys.engine_usage(engine))
+            for request_class in BOUNDED_CLASSES:
+                pipe.lrange(self.keys.engine_ttfts(engine, request_class), 0, -1)
+        answers = iter(pipe.execute())
+        reports = []
+        for engine in engines:
+            fields = {_text(k): _text(v) for k, v in next(answers).items()}
+            usage = {_text(k): _text(v) for k, v in next(answers).items()}
+            samples = {c: [float(ms) for ms in next(answers)] for c in BOUNDED_CLASSES}
+            if fields:  # removed between the two reads
+                reports.append(engine_seats(engine, fields, usage, samples, now))
+        return reports
 
     def snapshot(self, now: float | None = None) -> Snapshot:
         """Queues per pool, class and tenant, and reservations. Read without a lock: for

@@ -50,3 +50,22 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_numbers(name: str, default: dict[str, float]) -> dict[str, float]:
+    """`name=value` pairs, comma-separated (`interactive=300,standard=2000`); empty: none."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return dict(default)
+    numbers: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        key, sep, value = item.partition("=")
+        try:
+            if not sep or not key.strip():
+                raise ValueError
+            numbers[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(
+                f"{name} must be name=number pairs separated by commas, got {raw!r}"
+            ) from None
+    return numbers

@@ -449,3 +449,26 @@ class ScalingDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pool_id} {self.action} {self.at:%Y-%m-%d %H:%M:%S}"
+
+
+class PoolTargets(models.Model):
+    """One pool's seat bounds in place of the settings' (GPUSHARE_TTFT_TARGETS_MS and
+    GPUSHARE_FIXED_SEATS_BELOW): by pool id (`scheduler.pools.policies.pool_id`), so a pool of
+    engines registered one by one has them too. A field left null takes the settings'; an
+    empty mapping sets none for the pool."""
+
+    pool = models.CharField(max_length=300, unique=True)
+    ttft_targets_ms = models.JSONField(
+        null=True, blank=True, help_text='By class, e.g. {"interactive": 300}; null: settings.'
+    )
+    fixed_seats_below = models.JSONField(
+        null=True, blank=True, help_text='By class, e.g. {"interactive": 4}; null: settings.'
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ("pool",)
+        verbose_name_plural = "pool targets"
+
+    def __str__(self) -> str:
+        return self.pool

@@ -8,12 +8,14 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from scheduler.batches.feeder import batch_changes
-from scheduler.models import Batch, Engine
+from scheduler.models import Batch, Engine, PoolTargets
 from scheduler.pools.policies import engine_changes
 
 
 @receiver(post_save, sender=Engine)
 @receiver(post_delete, sender=Engine)
+@receiver(post_save, sender=PoolTargets)  # the seat bounds are part of an engine's policy
+@receiver(post_delete, sender=PoolTargets)
 def _engine_changed(**_: Any) -> None:
     engine_changes().bump()
 

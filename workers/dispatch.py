@@ -476,7 +476,7 @@ def _last_words_or_none(job: Job, request: dict[str, Any], result: RunResult) ->
         return last_words(job, request, result)
     except Exception:  # the job must still be released, and its waiter answered
         log.exception("job %s: no ledger row", job.job_id)
-        return LastWords(event=result.done_event)
+        return LastWords(event=result.done_event, ttft_s=time_to_first_token(job, request, result))
 
 
 def last_words(job: Job, request: dict[str, Any], result: RunResult) -> LastWords:
@@ -485,7 +485,18 @@ def last_words(job: Job, request: dict[str, Any], result: RunResult) -> LastWord
     if result.outcome == "requeued":
         return LastWords()
     row = wire.dumps(usage_fields(job, request, result))
-    return LastWords(event=result.done_event, outbox=USAGE_PENDING_KEY, entry=row)
+    return LastWords(
+        event=result.done_event, outbox=USAGE_PENDING_KEY, entry=row,
+        ttft_s=time_to_first_token(job, request, result),
+    )  # fmt: skip
+
+
+def time_to_first_token(job: Job, request: dict[str, Any], result: RunResult) -> float | None:
+    """Seconds from the request's arrival to its first token (to its whole answer when not
+    streamed: what its client waited); None when it gave none."""
+    if not result.first_token_at:
+        return None
+    return max(0.0, result.first_token_at - float(request.get("received_at") or job.enqueued_at))
 
 
 def settle(job: Job, request: dict[str, Any], result: RunResult) -> None:
@@ -507,7 +518,7 @@ def settle(job: Job, request: dict[str, Any], result: RunResult) -> None:
 
 def usage_fields(job: Job, request: dict[str, Any], result: RunResult) -> dict[str, Any]:
     received = float(request.get("received_at") or job.enqueued_at)
-    ttft = result.first_token_at - received if result.first_token_at else None
+    ttft = time_to_first_token(job, request, result)
     return {
         "request_id": job.job_id,
         "tenant_id": request["tenant_id"],

@@ -231,7 +231,8 @@ async def _granted(
         return
     words = reports.register(job.job_id)
     try:
-        relay.publish(run, {"event": "grant", "url": client.base_url, "reply": reports.key})
+        grant = {"event": "grant", "url": client.base_url, "reply": reports.key, "stamp": job.stamp}
+        relay.publish(run, grant)
         while True:
             try:
                 async with asyncio.timeout(GRANT_SILENCE_S):
@@ -269,7 +270,7 @@ async def _call_engine(
     run: Run, client: AsyncEngineClient, relay: Relay, result: RunResult
 ) -> None:
     job, request = run.job, run.request
-    path, body = engine_path(request), engine_body(request, job.request_class)
+    path, body = engine_path(request), engine_body(request, job.request_class, job.stamp)
     if not request["stream"]:
         response = await client.generate(path, body)
         result.first_token_at = time.time()

@@ -2,9 +2,11 @@
 -- counts). ARGV[4]: '1' to repair (set the totals to what the in-flight jobs hold).
 -- Returns JSON: {tenants: {t: [recorded, expected]}, engines: {e: [recorded bytes, expected
 -- bytes, recorded inflight, expected inflight]}, problems: [text]}. In flight counts seats
--- (sequences), as `seats` does; the seats offline jobs hold are checked (and repaired) too.
+-- (sequences), as `seats` does; the seats standard and offline jobs hold (the seat bounds
+-- count them) are checked (and repaired) too.
 local repair = ARGV[4] == '1'
-local tenant_bytes, engine_bytes, engine_jobs, engine_offline = {}, {}, {}, {}
+local tenant_bytes, engine_bytes, engine_jobs = {}, {}, {}
+local engine_class = {standard = {}, offline = {}}
 local problems = {}
 
 local function add(t, key, amount) t[key] = (t[key] or 0) + amount end
@@ -15,7 +17,7 @@ for _, job_id in ipairs(redis.call('ZRANGE', k_inflight(), 0, -1)) do
     add(tenant_bytes, job.tenant, num(job.reserved))
     add(engine_bytes, job.engine, num(job.reserved))
     add(engine_jobs, job.engine, seats(job))
-    if job.cls == 'offline' then add(engine_offline, job.engine, seats(job)) end
+    if engine_class[job.cls] then add(engine_class[job.cls], job.engine, seats(job)) end
   else
     table.insert(problems, 'in-flight index holds job ' .. job_id .. ' in state ' .. tostring(job.state))
     if repair then redis.call('ZREM', k_inflight(), job_id) end
@@ -50,12 +52,14 @@ for e in pairs(engines) do
       redis.call('HSET', k_engine_use(e), 'reserved', int(expected), 'inflight', int(expected_jobs))
     end
   end
-  local recorded_offline = num(redis.call('HGET', k_engine_use(e), 'offline'))
-  local expected_offline = engine_offline[e] or 0
-  if recorded_offline ~= expected_offline then
-    table.insert(problems, string.format('engine %s: %d offline seats, in-flight offline jobs hold %d',
-      e, recorded_offline, expected_offline))
-    if repair then redis.call('HSET', k_engine_use(e), 'offline', int(expected_offline)) end
+  for cls, held in pairs(engine_class) do
+    local recorded_class = num(redis.call('HGET', k_engine_use(e), cls))
+    local expected_class = held[e] or 0
+    if recorded_class ~= expected_class then
+      table.insert(problems, string.format('engine %s: %d %s seats, in-flight %s jobs hold %d',
+        e, recorded_class, cls, cls, expected_class))
+      if repair then redis.call('HSET', k_engine_use(e), cls, int(expected_class)) end
+    end
   end
 end
 

@@ -20,13 +20,14 @@ local function k_events(id) return P .. 'job:' .. id .. ':events' end
 local function k_queue(pool, cls, tenant) return P .. 'q:' .. pool .. ':' .. cls .. ':' .. tenant end
 local function k_backlog(pool, cls) return P .. 'backlog:' .. pool .. ':' .. cls end
 local function k_counters(pool, cls) return P .. 'vtc:' .. pool .. ':' .. cls end
-local function k_floor(pool, cls) return P .. 'vtcfloor:' .. pool .. ':' .. cls end
+local function k_seated(pool, cls) return P .. 'vtcseated:' .. pool .. ':' .. cls end
 local function k_clock(pool) return P .. 'cvt:' .. pool end
 local function k_tenant(t) return P .. 'tenant:' .. t end
 local function k_tenant_use(t) return P .. 'tenant:' .. t .. ':use' end
 local function k_tenants() return P .. 'tenants' end
 local function k_engine(e) return P .. 'engine:' .. e end
 local function k_engine_use(e) return P .. 'engine:' .. e .. ':use' end
+local function k_engine_ttfts(e, cls) return P .. 'engine:' .. e .. ':ttft:' .. cls end
 local function k_engines() return P .. 'engines' end
 local function k_pool_engines(pool) return P .. 'pool:' .. pool .. ':engines' end
 local function k_pools() return P .. 'pools' end
@@ -90,18 +91,17 @@ local function set_counter(pool, cls, tenant, value)
   redis.call('ZADD', k_backlog(pool, cls), 'XX', fmt(value), tenant)
 end
 
--- A tenant whose queue just became non-empty joins the backlog with its counter lifted to
--- the least backlogged counter (or to the floor when nobody is backlogged), so time spent
--- idle is not banked as credit to be spent later in a burst.
+-- A tenant whose queue just became non-empty joins the backlog with its counter lifted, so
+-- time spent idle is not banked as credit to be spent later in a burst: to the least
+-- backlogged counter, and never below the stamp of the latest job its class ran to the end
+-- (`seated`: where the engine's service has got to). With nobody backlogged, the stamp alone
+-- bounds it: the engines hold jobs the fair queue no longer sees, ordered by their stamps
+-- (`engine_priority`), and a tenant that sent less than its share keeps its place among them.
 local function join_backlog(pool, cls, tenant)
   local backlog = k_backlog(pool, cls)
   local least = redis.call('ZRANGE', backlog, 0, 0, 'WITHSCORES')
-  local target
-  if #least > 0 then
-    target = tonumber(least[2])
-  else
-    target = num(redis.call('GET', k_floor(pool, cls)))
-  end
+  local target = num(redis.call('GET', k_seated(pool, cls)))
+  if #least > 0 and tonumber(least[2]) > target then target = tonumber(least[2]) end
   local counter = get_counter(pool, cls, tenant)
   if counter < target then counter = target end
   redis.call('HSET', k_counters(pool, cls), tenant, fmt(counter))
@@ -109,11 +109,7 @@ local function join_backlog(pool, cls, tenant)
 end
 
 local function leave_backlog(pool, cls, tenant)
-  local backlog = k_backlog(pool, cls)
-  redis.call('ZREM', backlog, tenant)
-  if redis.call('ZCARD', backlog) == 0 then
-    redis.call('SET', k_floor(pool, cls), fmt(get_counter(pool, cls, tenant)))
-  end
+  redis.call('ZREM', k_backlog(pool, cls), tenant)
 end
 
 local function queue_job(job_id, pool, cls, tenant, at_head)
@@ -165,14 +161,15 @@ local function seats(job)
 end
 
 -- Gives back everything a running job holds: its bytes on the tenant and the engine, its
--- seats on the engine (an offline job's are also counted apart, in `offline`), its lease.
+-- seats on the engine (a standard or offline job's are also counted apart, in `standard` or
+-- `offline`: the seat bounds count them), its lease.
 local function give_back(job_id, job)
   local reserved = num(job.reserved)
   redis.call('HINCRBY', k_tenant_use(job.tenant), 'reserved', int(-reserved))
   redis.call('HINCRBY', k_engine_use(job.engine), 'reserved', int(-reserved))
   redis.call('HINCRBY', k_engine_use(job.engine), 'inflight', -seats(job))
-  if job.cls == 'offline' then
-    redis.call('HINCRBY', k_engine_use(job.engine), 'offline', -seats(job))
+  if job.cls ~= 'interactive' then
+    redis.call('HINCRBY', k_engine_use(job.engine), job.cls, -seats(job))
   end
   redis.call('ZREM', k_inflight(), job_id)
 end
@@ -223,13 +220,90 @@ local function timeouts_from(first)
           offline = tonumber(ARGV[first + 2])}
 end
 
+-- Seats by class (docs/ARCHITECTURE.md, Seats by class and latency targets). For a class
+-- with a latency target, an engine bounds the seats the classes below it may hold: a fixed
+-- bound the operator set (`fixed:<cls>`), else the controller's (`below:<cls>`), which moves
+-- with each time to first token of the class measured there (observe_ttft). `model.py`
+-- (SeatController, seats_below, class_limit) states the same rules.
+local MISS_WEIGHT = 4  -- the most a miss counts, in multiples of the miss at its target
+local TTFT_SAMPLES = 200  -- the latest times to first token kept per engine and class
+
+-- The seats the classes below `cls` hold on an engine now.
+local function held_below(usage, cls)
+  if cls == 'interactive' then return num(usage.standard) + num(usage.offline) end
+  if cls == 'standard' then return num(usage.offline) end
+  return 0
+end
+
+local function all_seats(engine) return num(engine.max_num_seqs) + num(engine.queued) end
+
+-- The seats the classes below `cls` may hold on the engine now; nil: no bound. The
+-- controller's bound lapses once its class has gone `target_idle_s` without a measure:
+-- nothing of the class runs there to protect.
+local function seats_below(engine, cls)
+  local fixed = engine['fixed:' .. cls]
+  if fixed then return tonumber(fixed) end
+  local below = engine['below:' .. cls]
+  if not engine['target:' .. cls] or not below then return nil end
+  if NOW - num(engine['sampled:' .. cls]) > num(engine.target_idle_s) then return nil end
+  return math.max(1, math.floor(tonumber(below)))
+end
+
+-- '' while a job of `cls` may take a seat of the engine, else the class whose bound holds it
+-- back. As with all seats, a job is picked while one seat of the bound is free.
+local function class_limit(engine, usage, cls)
+  for _, above in ipairs(CLASSES) do
+    if above == cls then return '' end
+    local bound = seats_below(engine, above)
+    if bound and held_below(usage, above) >= bound then return above end
+  end
+  return ''
+end
+
+-- A time to first token of class `cls` measured on an engine (seconds, the job's from its
+-- arrival), for the controller of that class's target there: a hit grows the bound of the
+-- classes below by step x (1 - q), a miss shrinks it by step x q (q: target_quantile), so the
+-- bound settles where a share 1 - q of the class misses. A miss of a job picked after the
+-- last cut shrinks it by as many times more as it was over the target (at most MISS_WEIGHT)
+-- and marks a cut; the misses of jobs picked before it saw a larger bound and count once.
+-- The bound stays between 1 seat and all of them; a class measured again after an idle spell
+-- starts from all of them.
+local function observe_ttft(engine_id, cls, ttft, picked_at)
+  local key = k_engine(engine_id)
+  local f = redis.call('HMGET', key, 'target:' .. cls, 'below:' .. cls, 'cut:' .. cls,
+    'sampled:' .. cls, 'target_quantile', 'target_step', 'target_idle_s', 'max_num_seqs', 'queued')
+  if not f[1] then return end
+  local target, most = tonumber(f[1]), num(f[8]) + num(f[9])
+  local samples = k_engine_ttfts(engine_id, cls)
+  redis.call('LPUSH', samples, int(math.floor(ttft * 1000 + 0.5)))
+  redis.call('LTRIM', samples, 0, TTFT_SAMPLES - 1)
+  local below = tonumber(f[2])
+  if not below or NOW - num(f[4]) > num(f[7]) then below = most end
+  local q, step = num(f[5]), num(f[6])
+  local fields = {'sampled:' .. cls, fmt(NOW)}
+  if ttft <= target then
+    below = below + step * (1 - q)
+  elseif num(picked_at) > num(f[3]) then
+    below = below - step * q * math.min(ttft / target, MISS_WEIGHT)
+    table.insert(fields, 'cut:' .. cls)
+    table.insert(fields, fmt(NOW))
+  else
+    below = below - step * q
+  end
+  below = math.min(most, math.max(1, below))
+  table.insert(fields, 'below:' .. cls)
+  table.insert(fields, fmt(below))
+  redis.call('HSET', key, unpack(fields))
+end
+
 -- A running job ended: free its reservation and charge its real tokens in place of the
 -- estimate, in one write of the job hash. Idempotent: a job that is not running (already
 -- released, cancelled, requeued) or whose attempt is not the one given ('' = any; a stale
 -- worker after a reap) is left alone. Returns 1 when released, 0 when it was a no-op.
 local RELEASE_FIELDS = {'state', 'attempt', 'reserved', 'tenant', 'engine', 'pool', 'cls',
-                        'charged', 'charge_weight', 'seqs'}
-local function release_job(job_id, prompt_tokens, completion_tokens, attempt)
+                        'charged', 'charge_weight', 'seqs', 'stamp', 'picked_at'}
+-- `ttft`: the run's time to first token in seconds, for its class's controller (nil: none).
+local function release_job(job_id, prompt_tokens, completion_tokens, attempt, ttft)
   -- Only what releasing needs: the job's payload can be large.
   local values = redis.call('HMGET', k_job(job_id), unpack(RELEASE_FIELDS))
   local job = {}
@@ -237,6 +311,9 @@ local function release_job(job_id, prompt_tokens, completion_tokens, attempt)
   if job.state ~= 'running' then return 0 end
   if attempt ~= '' and attempt ~= job.attempt then return 0 end
   give_back(job_id, job)
+  local seated = k_seated(job.pool, job.cls)
+  if num(job.stamp) > num(redis.call('GET', seated)) then redis.call('SET', seated, job.stamp) end
+  if ttft then observe_ttft(job.engine, job.cls, ttft, job.picked_at) end
   local charged = move_counter(job, token_charge(job, prompt_tokens, completion_tokens))
   redis.call('HSET', k_job(job_id), 'reserved', '0', 'lease_deadline', '', 'charged', charged,
     'used_prompt_tokens', int(prompt_tokens), 'used_completion_tokens', int(completion_tokens),
@@ -337,7 +414,7 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
   local clock = hgetall(k_clock(pool))
   local order = {}
   for i, cls in ipairs(CLASSES) do
-    if cls ~= 'offline' or offline_open then
+    if (cls ~= 'offline' or offline_open) and class_limit(engine, usage, cls) == '' then
       table.insert(order, {cls = cls, vt = num(clock[cls]), rank = i})
     end
   end
@@ -388,8 +465,10 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
   if not job_id then return nil end
   local cls, tenant = job.cls, job.tenant
 
-  -- Charge the estimate first, so the counter a leaving tenant leaves as the floor includes it.
+  -- The job's stamp is its tenant's counter before its charge: its place in the fair queue's
+  -- order, which the engine keeps among the jobs waiting there for a seat (engine_priority).
   if weight <= 0 then weight = 1 end
+  job.stamp = fmt(get_counter(pool, cls, tenant))
   job.charge_weight = fmt(weight)
   job.charged = move_counter(job, token_charge(job, num(job.prompt_tokens), num(job.max_tokens)))
   unqueue(job_id, job)
@@ -411,12 +490,13 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
   redis.call('HINCRBY', k_tenant_use(tenant), 'reserved', int(cost))
   redis.call('HINCRBY', k_engine_use(engine_id), 'reserved', int(cost))
   redis.call('HINCRBY', k_engine_use(engine_id), 'inflight', seats(job))
-  if cls == 'offline' then redis.call('HINCRBY', k_engine_use(engine_id), 'offline', seats(job)) end
+  if cls ~= 'interactive' then redis.call('HINCRBY', k_engine_use(engine_id), cls, seats(job)) end
   local attempt = num(job.attempt) + 1
   local lease_deadline = NOW + lease_s
   job.state, job.engine, job.attempt = 'running', engine_id, int(attempt)
   job.lease_deadline, job.reserved, job.picked_at = fmt(lease_deadline), int(cost), fmt(NOW)
   redis.call('HSET', k_job(job_id), 'charge_weight', job.charge_weight, 'charged', job.charged,
+    'stamp', job.stamp,
     'state', job.state, 'engine', engine_id, 'attempt', job.attempt,
     'lease_deadline', job.lease_deadline, 'reserved', job.reserved, 'picked_at', job.picked_at)
   redis.call('ZADD', k_inflight(), job.lease_deadline, job_id)

@@ -1,9 +1,11 @@
 -- A running job ended: free its reservation and charge its real tokens (release_job).
 -- ARGV[4..]: job_id, prompt_tokens, completion_tokens, attempt ('' = any), then the run's
--- last words (tell_last_words): its final event, an outbox list and an entry for it.
+-- last words (tell_last_words): its final event, an outbox list and an entry for it, and its
+-- time to first token in seconds ('' = none: it gave no token).
 -- Returns 1 when released, 0 when it was a no-op. The freed seat wakes an idle dispatch
 -- loop of the pool, if one waits (its worker does not pick next, as release_pick would).
 tell_last_words(ARGV[4], ARGV[8], ARGV[9], ARGV[10])
-local released = release_job(ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7])
+local released = release_job(ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7],
+  tonumber(ARGV[11]))
 if released == 1 then wake_idle_loop(redis.call('HGET', k_job(ARGV[4]), 'pool')) end
 return released

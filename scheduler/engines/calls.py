@@ -9,7 +9,7 @@ from typing import Any
 from django.utils.crypto import salted_hmac
 
 from plumbing import wire
-from protocol.classes import ENGINE_PRIORITY
+from protocol.classes import engine_priority
 from protocol.inference import ENDPOINT_PATHS, GENERATION_ENDPOINTS
 
 
@@ -18,13 +18,14 @@ def engine_path(request: dict[str, Any]) -> str:
     return path
 
 
-def engine_body(request: dict[str, Any], request_class: str) -> dict[str, Any]:
-    """What the engine gets: the client's body, streamed or not as asked, at its class's
-    priority and with its tenant's cache salt (never what the client chose: the engine and
-    its prefix cache are shared)."""
+def engine_body(request: dict[str, Any], request_class: str, stamp: float) -> dict[str, Any]:
+    """What the engine gets: the client's body, streamed or not as asked, at the priority of
+    its class and stamp (its place in the fair queue's order, `engine_priority`) and with its
+    tenant's cache salt (never what the client chose: the engine and its prefix cache are
+    shared)."""
     body = {
         **request["body"],
-        "priority": ENGINE_PRIORITY[request_class],
+        "priority": engine_priority(request_class, stamp),
         "cache_salt": cache_salt(int(request["tenant_id"]), request.get("cache_group") or ""),
     }
     if request["endpoint"] in GENERATION_ENDPOINTS:  # an embedding request has no `stream`

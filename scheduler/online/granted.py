@@ -114,6 +114,7 @@ class GrantedStream:
         self.queue, self.job_id, self.call = queue, job_id, call
         self.request_class = request_class
         self.attempt = int(grant["attempt"])
+        self.stamp = float(grant.get("stamp") or 0.0)  # its place in the engine (engine_body)
         self.url, self.reply = str(grant["url"]), str(grant["reply"])
         self.words = words  # the job's inbox queue: looked through for a newer grant
         self._report_of_events = Report()
@@ -187,7 +188,7 @@ class GrantedStream:
         )  # fmt: skip
 
     def _body(self) -> dict[str, Any]:
-        return engine_body(self.call, self.request_class)
+        return engine_body(self.call, self.request_class, self.stamp)
 
     async def _say_alive(self) -> None:
         while True:

@@ -32,6 +32,7 @@ from fairqueue.queue import FairQueue
 from plumbing.change_marks import ChangeMark
 from plumbing.redis import redis_client
 from scheduler.models import Engine, EngineStatus
+from scheduler.seats.bounds import controller_settings, pool_bounds
 from scheduler.selectors import engine_ready_for_tenant, tenant_dedicated_units
 from tenants.models import Tenant
 
@@ -91,10 +92,12 @@ def sync_engine(engine: Engine, queue: FairQueue | None = None) -> None:
         queue.remove_engine(engine.name)
         return
     load = queue.redis.hget(queue.keys.engine(engine.name), "load")
+    pool = engine_pool(engine)
+    bounds = pool_bounds(pool)
     queue.set_engine_policy(
         EnginePolicy(
             engine_id=engine.name,
-            pool=engine_pool(engine),
+            pool=pool,
             kv_budget_bytes=engine_kv_budget_bytes(engine),
             max_num_seqs=engine.max_num_seqs,
             offline_load_threshold=engine.offline_load_threshold,
@@ -102,6 +105,9 @@ def sync_engine(engine: Engine, queue: FairQueue | None = None) -> None:
             queued=engine_queue(engine.max_num_seqs),
             offline_gate_margin=float(settings.GPUSHARE_OFFLINE_GATE_MARGIN),
             offline_reserve=offline_reserve(engine.max_num_seqs),
+            ttft_targets_s=bounds.ttft_targets_s,
+            fixed_seats_below=bounds.fixed_seats_below,
+            seat_controller=controller_settings(),
         )
     )
 
@@ -193,3 +199,15 @@ def route_for(*, tenant: Tenant, served_model_name: str) -> Route | None:
     dedicated = [e for e in ready if e.dedicated_tenant_id == tenant.pk]
     engine = (dedicated or ready)[0]
     return Route(engine_pool(engine), engine, model_kv_bytes_per_token(engine.model_path))
+
+
+def sync_pool_engines(pool: str, queue: FairQueue | None = None) -> int:
+    """Copies the policies of the pool's engines to the fair queue now (its seat bounds
+    changed); returns how many engines the pool has."""
+    queue = queue or fair_queue()
+    engines = [
+        e for e in Engine.objects.select_related("dedicated_tenant") if engine_pool(e) == pool
+    ]
+    for engine in engines:
+        sync_engine(engine, queue)
+    return len(engines)

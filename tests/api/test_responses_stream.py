@@ -15,7 +15,7 @@ import pytest
 from api import inference as openai_api
 from fairqueue.domain import Job
 from plumbing import wire
-from protocol.classes import ENGINE_PRIORITY
+from protocol.classes import engine_priority
 from protocol.inference import parse_inference_request
 from scheduler.engines.calls import ResponseEvents, engine_body, usage_counts
 from scheduler.engines.client import EngineUnavailable
@@ -47,16 +47,16 @@ def call(stream: bool = True, **fields: Any) -> dict[str, Any]:
 
 
 def test_the_engine_is_told_never_to_store_and_the_bound_as_max_output_tokens() -> None:
-    body = engine_body(call(store=True, cache_salt="mine", priority=-5), "standard")
+    body = engine_body(call(store=True, cache_salt="mine", priority=-5), "standard", 12.0)
     assert body["store"] is False
     assert body["max_output_tokens"] == 8  # the platform's bound, not the client's 50
     assert "max_tokens" not in body
     assert "stream_options" not in body  # not a Responses field: its stream has the usage
     assert body["cache_salt"] != "mine"
-    assert body["priority"] == ENGINE_PRIORITY["standard"]
+    assert body["priority"] == engine_priority("standard", 12.0)
     chat = {"endpoint": "chat", "stream": True, "tenant_id": 1,
             "body": {"model": "m", "messages": [], "max_tokens": 8}}  # fmt: skip
-    assert engine_body(chat, "standard")["stream_options"] == {"include_usage": True}
+    assert engine_body(chat, "standard", 0.0)["stream_options"] == {"include_usage": True}
 
 
 def test_usage_is_read_in_either_shape() -> None:

@@ -48,8 +48,8 @@ def enqueue_both(fq: FairQueue, model: FairModel, job: ModelJob) -> None:
 def same_job(got: Job | None, expected: ModelJob | None) -> bool:
     if got is None or expected is None:
         return got is None and expected is None
-    picked = (expected.job_id, expected.engine_id, "running")
-    return (got.job_id, got.engine_id, got.state) == picked
+    picked = (expected.job_id, expected.engine_id, "running", expected.stamp)
+    return (got.job_id, got.engine_id, got.state, got.stamp) == picked
 
 
 def step(fq: FairQueue, model: FairModel, op: tuple[str, int, int, int, int], serial: int) -> None:

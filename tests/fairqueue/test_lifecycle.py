@@ -5,7 +5,7 @@ import json
 
 import redis
 
-from fairqueue import EnginePolicy, FairQueue, FairQueueConfig, Job, TenantPolicy
+from fairqueue import EnginePolicy, FairQueue, FairQueueConfig, Job, LastWords, TenantPolicy
 from fairqueue.domain import payload_summary
 from fairqueue.keys import Keys
 
@@ -277,11 +277,23 @@ def test_the_scripts_and_keys_py_name_the_same_keys(fq: FairQueue, fq_redis: red
         keys.tenant_usage("a"),
         keys.engine_usage("e1"),
         keys.class_clock("p"),
-        keys.counter_floor("p", "standard"),
     ):
         assert fq_redis.exists(name), name
     fq.cancel(job.job_id, reason="client_gone")  # the waiter is told
     assert fq_redis.exists(keys.events(job.job_id))
+    # A job released with its time to first token, on an engine with a target for its class,
+    # leaves both the class's seated stamp (its stamp is over 0: its tenant ran one before)
+    # and the engine's samples.
+    target = EnginePolicy("e1", "p", 8 * UNIT, 8, ttft_targets_s={"interactive": 1.0})
+    fq.set_engine_policy(target)
+    submit(fq, request_class="interactive", now=2)
+    fq.release(pick(fq, now=3).job_id, 10, 1, last_words=LastWords(ttft_s=0.5), now=4)
+    submit(fq, request_class="interactive", now=5)
+    second = pick(fq, now=6)
+    assert second.stamp > 0
+    fq.release(second.job_id, 10, 1, last_words=LastWords(ttft_s=0.5), now=7)
+    for name in (keys.seated("p", "interactive"), keys.engine_ttfts("e1", "interactive")):
+        assert fq_redis.exists(name), name
 
 
 def test_release_and_pick_releases_once_and_hands_over_the_next_job_in_one_step(

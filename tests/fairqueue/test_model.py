@@ -25,7 +25,8 @@ TENANTS = {
 }
 ENGINES = {
     "e1": EnginePolicy("e1", "p", 6, 3, 0.4, 0.0, offline_gate_margin=0.25, offline_reserve=1),
-    "e2": EnginePolicy("e2", "p", 9, 2, 0.4, 0.0, queued=1),
+    # e2 lets the classes below interactive hold one seat of its three (a fixed bound).
+    "e2": EnginePolicy("e2", "p", 9, 2, 0.4, 0.0, queued=1, fixed_seats_below={"interactive": 1}),
 }
 
 # An operation: (kind, a, b, c, d) with small integers whose meaning depends on the kind.
@@ -43,9 +44,37 @@ def test_vtc_charges_output_twice_and_divides_by_weight() -> None:
 
 
 def test_a_newly_backlogged_counter_is_lifted_not_lowered() -> None:
-    assert lifted_counter(3.0, [10.0, 7.0], floor=0.0) == 7.0
-    assert lifted_counter(30.0, [10.0, 7.0], floor=0.0) == 30.0
-    assert lifted_counter(3.0, [], floor=5.0) == 5.0
+    assert lifted_counter(3.0, [10.0, 7.0], seated=0.0) == 7.0
+    assert lifted_counter(30.0, [10.0, 7.0], seated=0.0) == 30.0
+    assert lifted_counter(3.0, [], seated=5.0) == 5.0
+    # Never below where the engines' service has got to, backlog or not.
+    assert lifted_counter(3.0, [6.0], seated=8.0) == 8.0
+
+
+def test_a_tenant_that_sent_less_than_its_share_keeps_its_place_among_the_seated_jobs() -> None:
+    """With nobody backlogged (every job is in the engine), a tenant is lifted to the seated
+    stamp only, not to the counter of whoever was picked last: a tenant of weight 4 that sends
+    as much as one of weight 1 keeps stamps below it, so the engine (seating the lowest stamp
+    first, one at a time here) serves it first."""
+    engines = {"e": EnginePolicy("e", "p", 10**9, 10**6, 0.4, 0.0)}
+    tenants = {"heavy": TenantPolicy(4, 10**9), "light": TenantPolicy(1, 10**9)}
+    model = FairModel(WEIGHTS, tenants, engines)
+    running: list[ModelJob] = []
+    served: list[str] = []
+    for serial in range(8):
+        for tenant in ("light", "heavy"):
+            model.enqueue(ModelJob(f"{tenant}{serial}", tenant, "standard", 10, 10, 1))
+            job = model.pick("e")
+            assert job is not None
+            running.append(job)
+        if serial:
+            heavy, light = running[-1], running[-2]
+            assert heavy.stamp < light.stamp
+        first = min(running, key=lambda job: (job.stamp, job.job_id))
+        running.remove(first)
+        model.release(first.job_id, 10, 10)
+        served.append(first.tenant)
+    assert served.count("heavy") >= 3 * served.count("light")
 
 
 def test_classes_are_tried_least_virtual_time_first_ties_to_the_higher_class() -> None:

@@ -1,11 +1,13 @@
-"""`manage.py pool create|set|add-engines|show|tick`: hot and cold engine pools.
+"""`manage.py pool create|set|add-engines|show|tick|targets`: hot and cold engine pools.
 
 A pool is the shared engines of one served model: `hot_size` always run, up to `cold_max`
 more are started by the scaler (`workers.scaler_tick`, on the workers' ticker) when the online
 queue stays over target or ahead of a scheduled peak, and drained after a quiet period.
 Engines are registered from the pool's launch profile with `add-engines`; the scaler only
 starts and stops registered engines. `show` prints the pool, its engines and the latest
-decisions with their reasons; `tick` runs the scaler once, now.
+decisions with their reasons; `tick` runs the scaler once, now. `targets` sets a pool's
+seat bounds (TTFT targets, fixed seats for the classes below) in place of the settings', and
+shows each engine's bounds, measured p99 and seats by class.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from plumbing.errors import DomainError
 from scheduler.gpu_inventory import node_name
 from scheduler.models import Pool, ScalingDecision
+from scheduler.pools.policies import fair_queue, sync_pool_engines
 from scheduler.pools.scaler import scaler_tick
+from scheduler.seats.bounds import pool_bounds, pool_targets_set
+from scheduler.seats.report import bounds_line, engine_line, pool_seats_dict
 from scheduler.selectors import (
     device_get,
     pool_engines,
@@ -56,6 +61,27 @@ def _peaks(text: str) -> list[dict[str, object]]:
     if not isinstance(value, list):
         raise CommandError('--peaks is a JSON list, e.g. [{"start": "11:30", "end": "13:30"}]')
     return value
+
+
+INHERIT = "inherit"
+
+
+def _pairs(text: str) -> dict[str, float] | str:
+    """CLASS=NUMBER pairs separated by commas; 'none' (an empty mapping) or 'inherit'."""
+    if text.strip().lower() == "none":
+        return {}
+    if text.strip().lower() == INHERIT:
+        return INHERIT
+    pairs: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        try:
+            pairs[key.strip()] = float(value) if sep else float("nan")
+        except ValueError:
+            raise CommandError(f"{item!r} is not CLASS=NUMBER") from None
+        if not sep:
+            raise CommandError(f"{item!r} is not CLASS=NUMBER")
+    return pairs
 
 
 def decision_dict(decision: ScalingDecision) -> dict[str, Any]:
@@ -108,6 +134,20 @@ class Command(BaseCommand):
         show.add_argument("--decisions", type=int, default=10)
         show.add_argument("--json", action="store_true")
         sub.add_parser("tick", help="run the scaler once now")
+        targets = sub.add_parser(
+            "targets", help="a pool's TTFT targets and fixed seat bounds, and each engine's seats"
+        )
+        targets.add_argument("name", nargs="?", help="pool id (served model name); all: none")
+        targets.add_argument(
+            "--ttft-ms", type=_pairs, metavar="CLASS=MS,...|none|inherit",
+            help="TTFT p99 targets of the pool (interactive, standard); none: no targets; "
+            "inherit: the settings'",
+        )  # fmt: skip
+        targets.add_argument(
+            "--fixed-seats", type=_pairs, metavar="CLASS=SEATS,...|none|inherit",
+            help="seats the classes below each class may hold, fixed",
+        )  # fmt: skip
+        targets.add_argument("--json", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -129,10 +169,34 @@ class Command(BaseCommand):
                 self._add(options)
             elif action == "show":
                 self._show_all(options)
+            elif action == "targets":
+                self._targets(options)
             else:
                 self.stdout.write(json.dumps(scaler_tick()))
         except DomainError as exc:
             raise CommandError(exc.message) from None
+
+    def _targets(self, options: dict[str, Any]) -> None:
+        name, changes = options["name"], {}
+        for option, field in (("ttft_ms", "ttft_targets_ms"), ("fixed_seats", "fixed_seats_below")):
+            if options[option] is not None:
+                changes[field] = None if options[option] == INHERIT else options[option]
+        if changes:
+            if not name:
+                raise CommandError("Name the pool whose targets to set.")
+            pool_targets_set(pool=name, **changes)
+            sync_pool_engines(name)
+        reports = fair_queue().seat_reports(pool=name or None)
+        pools = sorted({name} if name else {r.pool for r in reports})
+        if options["json"]:
+            data = [pool_seats_dict(pool, pool_bounds(pool), reports) for pool in pools]
+            self.stdout.write(json.dumps(data, indent=2))
+            return
+        for pool in pools:
+            bounds = pool_bounds(pool)
+            self.stdout.write(f"{pool}: {bounds_line(bounds)}")
+            for report in (r for r in reports if r.pool == pool):
+                self.stdout.write(f"  {report.engine_id}: {engine_line(report)}")
 
     def _fields(self, options: dict[str, Any]) -> dict[str, Any]:
         return {

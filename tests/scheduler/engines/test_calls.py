@@ -11,7 +11,7 @@ def body_for(tenant_id: int, cache_group: str = "", **fields: object) -> dict:
         "endpoint": "chat", "stream": False, "tenant_id": tenant_id, "cache_group": cache_group,
         "body": {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields},
     }  # fmt: skip
-    return engine_body(request, "standard")
+    return engine_body(request, "standard", 0.0)
 
 
 def test_each_tenant_gets_a_salt_of_its_own_and_never_the_clients() -> None:

@@ -210,7 +210,7 @@ def test_a_tenants_requests_reach_the_engine_with_its_groups_prefix_cache_salt(b
     tenant = tenant_update(tenant=Tenant.objects.get(slug="acme"), cache_group="research")
     admitted = admit(bearer)
     assert admitted.call["cache_group"] == "research"
-    salt = engine_body(admitted.call, "standard")["cache_salt"]
+    salt = engine_body(admitted.call, "standard", 0.0)["cache_salt"]
     assert salt == cache_salt(tenant.pk, "research") != cache_salt(tenant.pk)
 
 

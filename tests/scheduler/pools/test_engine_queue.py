@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from protocol.classes import ENGINE_PRIORITY, REQUEST_CLASSES
+from protocol.classes import REQUEST_CLASSES, engine_priority
 from scheduler.engines.calls import engine_body
 from scheduler.models import Device, Engine, EngineStatus
 from scheduler.pools.policies import fair_queue, sync_engine
@@ -62,6 +62,14 @@ def test_the_engine_gets_the_class_priority_never_the_clients() -> None:
         "endpoint": "completions", "body": {"model": "m", "prompt": "hi", "priority": -100},
         "stream": False, "tenant_id": 1,
     }  # fmt: skip
-    priorities = [engine_body(request, cls)["priority"] for cls in REQUEST_CLASSES]
-    assert priorities == [ENGINE_PRIORITY[cls] for cls in REQUEST_CLASSES]
-    assert priorities == sorted(set(priorities))  # interactive first, each class its own
+    # Inside a class, the fair queue's order (the stamp); across classes, the class first,
+    # whatever the stamps: an interactive request of a large stamp goes before standard work.
+    stamps = [10.0**9, 5.0, 0.0]
+    priorities = [
+        engine_body(request, cls, stamp)["priority"]
+        for cls, stamp in zip(REQUEST_CLASSES, stamps, strict=True)
+    ]
+    assert priorities == [engine_priority(c, s) for c, s in zip(REQUEST_CLASSES, stamps, strict=True)]
+    assert priorities == sorted(set(priorities))
+    low, high = (engine_body(request, "standard", s)["priority"] for s in (1.0, 2.5))
+    assert low < high

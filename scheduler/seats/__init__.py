@@ -1,0 +1,1 @@
+"""Seats by class: the latency targets and fixed seat bounds each pool's engines hold."""
