@@ -614,10 +614,17 @@ def bench_tenant(slug: str, weight: float, classes: Sequence[str], quota_units: 
 
 
 def loop_group(
-    tag: str, key: str, request_class: str, streams: int, stream: bool, max_tokens: int
+    tag: str,
+    key: str,
+    request_class: str,
+    streams: int,
+    stream: bool,
+    max_tokens: int,
+    spread: float = 0.0,
 ) -> dict[str, Any]:
-    """One tenant's closed loops in a loops job (see bench/serve_bench_client.py)."""
-    return {
+    """One tenant's closed loops in a loops job (see bench/serve_bench_client.py); with
+    `spread`, each request's max_tokens is drawn from max_tokens * (1 -+ spread)."""
+    group: dict[str, Any] = {
         "tag": tag,
         "key": key,
         "request_class": request_class,
@@ -625,6 +632,9 @@ def loop_group(
         "stream": stream,
         "max_tokens": max_tokens,
     }
+    if spread > 0:
+        group["max_tokens_spread"] = spread
+    return group
 
 
 def straight_to_the_engine(group: dict[str, Any], target: Target) -> dict[str, Any]:

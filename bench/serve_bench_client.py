@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import sys
 import time
 import traceback
@@ -201,15 +202,31 @@ def run_vllm(job: dict[str, Any], markers: Markers) -> None:
 # --- closed loops (aiohttp) ---------------------------------------------------------------
 
 
+def answer_tokens(group: dict[str, Any], rng: random.Random) -> int:
+    """The max_tokens of a group's next request: `max_tokens`, or with `max_tokens_spread`
+    (a fraction) drawn uniformly from max_tokens * (1 -+ spread), at least 1."""
+    spread = float(group.get("max_tokens_spread") or 0.0)
+    mean = int(group["max_tokens"])
+    if spread <= 0:
+        return mean
+    low, high = max(1, round(mean * (1 - spread))), max(1, round(mean * (1 + spread)))
+    return rng.randint(low, high)
+
+
 async def one_request(
-    session: aiohttp.ClientSession, url: str, group: dict[str, Any], job: dict[str, Any]
+    session: aiohttp.ClientSession,
+    url: str,
+    group: dict[str, Any],
+    job: dict[str, Any],
+    max_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """One chat request of a group; its record: ok, status, ttft, latency (s), tokens."""
+    """One chat request of a group (of `max_tokens`, else the group's); its record: ok,
+    status, ttft, latency (s), tokens."""
     stream = bool(group.get("stream"))
     body: dict[str, Any] = {
         "model": job["model"],
         "messages": [{"role": "user", "content": job["prompt"]}],
-        "max_tokens": group["max_tokens"],
+        "max_tokens": group["max_tokens"] if max_tokens is None else max_tokens,
         "ignore_eos": True,
         "temperature": 0,
         "stream": stream,
@@ -278,20 +295,27 @@ async def read_stream(
 
 async def run_loops(job: dict[str, Any], protocol: Protocol) -> dict[str, Any]:
     """Job fields: url (a /v1/chat/completions URL), model, prompt, warmup_s, duration_s and
-    groups: [{tag, key, request_class, streams, stream, max_tokens, priority}] (priority: the
-    engine's, for loops sent straight to it). Each stream of a group sends one request after
-    another until the window ends (a failed one waits 0.2 s first), then lets its last
-    request finish. Times in the answer are seconds from the start."""
+    groups: [{tag, key, request_class, streams, stream, max_tokens, max_tokens_spread,
+    priority}] (priority: the engine's, for loops sent straight to it; max_tokens_spread:
+    see `answer_tokens`, drawn from a generator seeded with the job's `seed`). Each stream of
+    a group sends one request after another until the window ends (a failed one waits 0.2 s
+    first), then lets its last request finish; with `drain_s`, requests still open that long
+    after the window are abandoned (their connections closed, so the server stops them) and
+    left out of the records, as finishing after the window they would not count. Times in
+    the answer are seconds from the start; `abandoned` counts the abandoned requests."""
     start = time.perf_counter()
     opens, closes = start + job["warmup_s"], start + job["warmup_s"] + job["duration_s"]
     records: list[dict[str, Any]] = []
+    rng = random.Random(job.get("seed") or 0)
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
     timeout = aiohttp.ClientTimeout(total=float(job.get("request_timeout_s") or 300))
+    abandoned = 0
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
         async def loop(group: dict[str, Any]) -> None:
             while time.perf_counter() < closes:
-                record = await one_request(session, job["url"], group, job)
+                tokens = answer_tokens(group, rng)
+                record = await one_request(session, job["url"], group, job, tokens)
                 records.append(record)
                 if not record["ok"]:
                     await asyncio.sleep(0.2)
@@ -301,11 +325,21 @@ async def run_loops(job: dict[str, Any], protocol: Protocol) -> dict[str, Any]:
             protocol.emit("begin")
 
         streams = [loop(g) for g in job["groups"] for _ in range(g["streams"])]
-        await asyncio.gather(announce(), *streams)
+        if job.get("drain_s") is None:
+            await asyncio.gather(announce(), *streams)
+        else:
+            tasks = [asyncio.ensure_future(s) for s in (announce(), *streams)]
+            await asyncio.sleep(max(0.0, closes - time.perf_counter()))
+            wait_s = max(0.0, closes + float(job["drain_s"]) - time.perf_counter())
+            _, pending = await asyncio.wait(tasks, timeout=wait_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            abandoned = len(pending)
     for record in records:
         record["sent"] -= start
         record["finished"] -= start
-    return {"window": [opens - start, closes - start], "records": records}
+    return {"window": [opens - start, closes - start], "records": records, "abandoned": abandoned}
 
 
 # --- the job loop -------------------------------------------------------------------------

@@ -1,7 +1,10 @@
-"""The queues page: the fair queue's snapshot by pool, tenant and class, and why each engine's
-offline gate is open or shut."""
+"""The queues page: the fair queue's snapshot by pool, tenant and class, why each engine's
+offline gate is open or shut, and each engine's seats by class: the bounds that hold latency
+targets, what they let each class hold, and what holds a class back."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
@@ -13,15 +16,108 @@ from capacity.units import bytes_to_units_exact
 from console.charts import Meter, meter_chart
 from console.live import LIVE_REFRESH_S, class_totals, engine_rows
 from fairqueue.domain import QueueRow
+from fairqueue.seats import ClassBound, EngineSeats
+from plumbing.errors import DomainError
+from protocol.classes import REQUEST_CLASSES
 from scheduler.pools.policies import fair_queue
+from scheduler.seats.bounds import pool_bounds
+from scheduler.seats.report import bounds_line, limit_text
 from scheduler.selectors import (
     engine_list,
 )
 
 
+@dataclass(frozen=True)
+class ClassSeats:
+    """One class on one engine: the seats it holds and may hold now, the bound it sets on the
+    classes below it (none for offline, the lowest), and what holds it back."""
+
+    request_class: str
+    held: int
+    may_hold: int  # EngineSeats.class_seats: what the bounds above it leave it now
+    bound: ClassBound | None
+    held_back_by: str  # limit_text: '' while nothing holds it back
+
+    @property
+    def setting(self) -> str:
+        """What the operator set: its TTFT target, its fixed bound, or both."""
+        if self.bound is None:
+            return ""
+        parts = []
+        if self.bound.target_s is not None:
+            parts.append(f"target {self.bound.target_s * 1000:g} ms")
+        if self.bound.fixed is not None:
+            parts.append(f"fixed {self.bound.fixed} seats below")
+        return ", ".join(parts)
+
+    @property
+    def measured(self) -> str:
+        bound = self.bound
+        if bound is None or bound.target_s is None:
+            return ""
+        if bound.p99_s is None:
+            return "not measured yet"
+        return f"{bound.p99_s * 1000:.0f} ms ({bound.samples} measured)"
+
+    @property
+    def over_target(self) -> bool:
+        bound = self.bound
+        return bool(
+            bound and bound.target_s is not None and bound.p99_s is not None
+            and bound.p99_s > bound.target_s
+        )  # fmt: skip
+
+    @property
+    def below_percent(self) -> int | None:
+        """The share of its bound the classes below hold (the bar); None: no bound now."""
+        bound = self.bound
+        if bound is None or bound.bound is None:
+            return None
+        return min(100, round(100 * bound.held / bound.bound)) if bound.bound else 100
+
+
+@dataclass(frozen=True)
+class EngineClassSeats:
+    report: EngineSeats
+    classes: list[ClassSeats]
+
+
+def _class_seats(report: EngineSeats) -> EngineClassSeats:
+    bounds = {b.request_class: b for b in report.bounds}
+    return EngineClassSeats(
+        report=report,
+        classes=[
+            ClassSeats(
+                request_class=request_class,
+                held=report.held.get(request_class, 0),
+                may_hold=report.class_seats(request_class),
+                bound=bounds.get(request_class),
+                held_back_by=limit_text(report, request_class),
+            )
+            for request_class in REQUEST_CLASSES
+        ],
+    )
+
+
+def _seat_pools(reports: list[EngineSeats]) -> list[tuple[str, str, list[EngineClassSeats]]]:
+    """Per pool: where its bounds come from, in words, and its engines' seats by class."""
+    pools: dict[str, list[EngineClassSeats]] = {}
+    for report in reports:
+        pools.setdefault(report.pool, []).append(_class_seats(report))
+    return [(pool, _bounds_words(pool), pools[pool]) for pool in sorted(pools)]
+
+
+def _bounds_words(pool: str) -> str:
+    try:
+        return bounds_line(pool_bounds(pool))
+    except DomainError as exc:  # a mistake in the settings: the page says so, and stands
+        return exc.message
+
+
 def _queues_context() -> dict[str, object]:
     queue = fair_queue()
     snapshot = queue.snapshot()
+    reports = queue.seat_reports()
     pools: dict[str, list[QueueRow]] = {}
     for row in snapshot.queues:
         pools.setdefault(row.pool, []).append(row)
@@ -49,6 +145,8 @@ def _queues_context() -> dict[str, object]:
         )
         if any(r.gate.load is not None for r in gates)
         else "",
+        # Seats by class: shown while an engine has a bound; else a note on how to set one.
+        "seat_pools": _seat_pools(reports) if any(r.bounds for r in reports) else [],
         "tenant_reserved": [
             (tenant, bytes_to_units_exact(reserved))
             for tenant, reserved in sorted(snapshot.tenant_reserved_bytes.items())

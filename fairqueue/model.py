@@ -46,6 +46,7 @@ class SeatController:
 
     target_s: float
     most: int  # the engine's seats and its queue
+    seats: int  # the engine's seats
     quantile: float = 0.995
     step: float = 1.0
     idle_s: float = 30.0
@@ -58,6 +59,8 @@ class SeatController:
         if below is None or now - self.sampled_at > self.idle_s:
             below = float(self.most)
         self.sampled_at = now
+        if ttft_s > self.target_s:
+            below = min(below, float(self.seats))  # above them it bounds queue places only
         if ttft_s <= self.target_s:
             below = below + self.step * (1 - self.quantile)
         elif picked_at > self.cut_at:

@@ -18,7 +18,9 @@ from capacity.placement import DeviceRoom
 from fairqueue.domain import EnginePolicy
 from fairqueue.model import offline_gate
 from fairqueue.queue import FairQueue
+from fairqueue.seats import engine_seats
 from plumbing.errors import NotFound
+from protocol.classes import RequestClass
 from scheduler.models import (
     LIVE_STATUSES,
     Device,
@@ -170,8 +172,10 @@ def scaling_decisions(*, pool: Pool | None = None, limit: int = 50) -> list[Scal
 class EngineGate:
     """The offline gate of one engine as the fair queue sees it now (docs/ARCHITECTURE.md,
     The offline gate): `shut_by` is '' while offline work may be picked for it, else
-    'online_seats', 'load' or 'seats'. `load` is None when the engine has no policy in the
-    queue (it is not ready, or housekeeping has not synced it yet)."""
+    'online_seats', 'load' or 'seats' (the gate's own reasons, which come first), or 'bound':
+    the seat bound of a class above offline is full (`held_back_by` names that class, and
+    `bound_*` what the bound is). `load` is None when the engine has no policy in the queue
+    (it is not ready, or housekeeping has not synced it yet)."""
 
     load: float | None
     threshold: float
@@ -181,6 +185,10 @@ class EngineGate:
     inflight: int = 0
     offline: int = 0
     reserve: int = 0
+    held_back_by: str = ""  # the class above whose seat bound holds offline back
+    bound_target_s: float | None = None  # that class's TTFT target; None: a fixed bound
+    bound_seats: int = 0  # the seats its bound lets the classes below it hold now
+    bound_held: int = 0  # the seats those classes hold
 
     @property
     def is_open(self) -> bool | None:
@@ -199,30 +207,52 @@ class EngineGate:
             return f"{signal} {self.load:.0%}, at or over {bar:.0%} (or not yet back below)"
         if self.shut_by == "seats":
             return f"every seat taken but the {self.reserve} kept for online work"
+        if self.shut_by == "bound":
+            above, seats = self.held_back_by, _seats(self.bound_seats)
+            what = (
+                f"fixed bound of {seats}"
+                if self.bound_target_s is None
+                else f"TTFT target of {self.bound_target_s * 1000:g} ms"
+            )
+            return (
+                f"{above}'s {what} holds offline back: the classes below {above} hold "
+                f"{self.bound_held} of the {seats} it lets them hold now (Seats by class)"
+            )
         free = self.seats - self.reserve - self.inflight
         return f"{signal} {self.load:.0%} under {bar:.0%}; {free} seats free for offline work"
+
+
+def _seats(count: int) -> str:
+    return f"{count} seat" if count == 1 else f"{count} seats"
 
 
 def _text(value: Any) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def engine_gate(*, queue: FairQueue, engine: Engine) -> EngineGate:
-    """Console read: the fair queue's engine policy (the samplers' load) and its seats now."""
-    names = ["load", "offline_load_threshold", "load_signal", "load_closed", "max_num_seqs"]
-    names += ["offline_gate_margin", "offline_reserve"]
-    values = queue.redis.hmget(queue.keys.engine(engine.name), names)
-    policy = {name: _text(value) for name, value in zip(names, values, strict=True)}
-    use = queue.redis.hmget(queue.keys.engine_usage(engine.name), ["inflight", "offline"])
-    threshold = policy["offline_load_threshold"]
+def _texts(fields: dict[Any, Any]) -> dict[str, str]:
+    return {str(_text(k)): str(_text(v)) for k, v in fields.items()}
+
+
+def engine_gate(*, queue: FairQueue, engine: Engine, now: float | None = None) -> EngineGate:
+    """Console read: the fair queue's engine policy (the samplers' load), its seats now, and
+    the seat bounds of the classes above offline (`fairqueue.seats`), at `now` (Redis's
+    clock when not given: the scripts' clock, which decides whether a bound has lapsed)."""
+    pipe = queue.redis.pipeline(transaction=False)
+    pipe.hgetall(queue.keys.engine(engine.name))
+    pipe.hgetall(queue.keys.engine_usage(engine.name))
+    pipe.time()
+    fields, usage, (seconds, micros) = pipe.execute()
+    policy, use = _texts(fields), _texts(usage)
+    threshold = policy.get("offline_load_threshold")
     gate = EngineGate(
-        load=float(policy["load"]) if policy["load"] is not None else None,
+        load=float(policy["load"]) if policy.get("load") is not None else None,
         threshold=float(threshold) if threshold is not None else engine.offline_load_threshold,
-        load_signal=str(policy["load_signal"] or ""),
-        seats=int(policy["max_num_seqs"] or 0),
-        inflight=int(_text(use[0]) or 0),
-        offline=int(_text(use[1]) or 0),
-        reserve=int(policy["offline_reserve"] or 0),
+        load_signal=str(policy.get("load_signal") or ""),
+        seats=int(policy.get("max_num_seqs") or 0),
+        inflight=int(use.get("inflight") or 0),
+        offline=int(use.get("offline") or 0),
+        reserve=int(policy.get("offline_reserve") or 0),
     )
     if gate.load is None:
         return gate
@@ -234,11 +264,27 @@ def engine_gate(*, queue: FairQueue, engine: Engine) -> EngineGate:
             max_num_seqs=gate.seats,
             offline_load_threshold=gate.threshold,
             load=gate.load,
-            offline_gate_margin=float(policy["offline_gate_margin"] or 0.0),
+            offline_gate_margin=float(policy.get("offline_gate_margin") or 0.0),
             offline_reserve=gate.reserve,
         ),
         inflight=gate.inflight,
         offline=gate.offline,
-        load_closed=policy["load_closed"] == "1",
+        load_closed=policy.get("load_closed") == "1",
     )
-    return replace(gate, shut_by=shut_by)
+    if shut_by:  # the gate's own reasons come before the seat bounds
+        return replace(gate, shut_by=shut_by)
+    seats = engine_seats(
+        engine.name, policy, use, {}, now if now is not None else seconds + micros / 1e6
+    )
+    above = seats.limits.get(RequestClass.OFFLINE, "")
+    if not above:
+        return gate
+    bound = next(b for b in seats.bounds if b.request_class == above)
+    return replace(
+        gate,
+        shut_by="bound",
+        held_back_by=above,
+        bound_target_s=bound.target_s if bound.fixed is None else None,
+        bound_seats=bound.bound or 0,
+        bound_held=bound.held,
+    )

@@ -159,6 +159,35 @@ CLUSTER_METRICS: dict[str, tuple[str, str]] = {
         "counter",
         "Requests the engine preempted for KV room.",
     ),
+    "gpushare_engine_ttft_target_seconds": (
+        "gauge",
+        "The TTFT target of a class on the engine, held by bounding the seats of the classes "
+        "below it (only while the class has one).",
+    ),
+    "gpushare_engine_ttft_p99_seconds": (
+        "gauge",
+        "The p99 of the class's latest times to first token on the engine, that its target's "
+        "controller reads (only while it has a target and samples).",
+    ),
+    "gpushare_engine_seats_below": (
+        "gauge",
+        "The seats the classes below a class may hold on the engine now: its fixed bound, or "
+        "its TTFT target's controller's (only while a bound is in force).",
+    ),
+    "gpushare_engine_seats_below_held": (
+        "gauge",
+        "The seats the classes below a class hold on the engine (only while the class has a "
+        "TTFT target or a fixed bound).",
+    ),
+    "gpushare_engine_class_seats": (
+        "gauge",
+        "The seats a class may hold on the engine now: its seats and queue, less what the "
+        "bounds of the classes above keep from it.",
+    ),
+    "gpushare_engine_class_held_back": (
+        "gauge",
+        "1 while a full seat bound of a class above holds the class back on the engine, else 0.",
+    ),
     "gpushare_gpu_utilization_ratio": (
         "gauge",
         "NVML utilization.gpu: the share of time any kernel ran, 0..1; busy with a single "
@@ -189,6 +218,15 @@ CLUSTER_METRICS: dict[str, tuple[str, str]] = {
         "GPU power draw.",
     ),
 }
+
+# Series that exist only while a class has a seat bound on an engine (a TTFT target, a
+# fixed bound, or a measured target): with none set anywhere they have no samples.
+BOUND_METRICS: tuple[str, ...] = (
+    "gpushare_engine_ttft_target_seconds",
+    "gpushare_engine_ttft_p99_seconds",
+    "gpushare_engine_seats_below",
+    "gpushare_engine_seats_below_held",
+)
 
 # The answering process's own series: on /metrics, scraped per pod. A pod's web workers
 # share its port and a scrape reaches one of them, so only what every worker of a pod
@@ -255,7 +293,8 @@ class ClusterCollector(Collector):
         info = _gauge("gpushare_cluster_info", [])
         info.add_metric([], 1)
         yield info
-        for part in (self._queue, self._ledger, self._tenants, self._engines, self._gpus):
+        parts = (self._queue, self._seats, self._ledger, self._tenants, self._engines, self._gpus)
+        for part in parts:
             try:
                 yield from part()
             except Exception:  # one unreachable source must not blank the whole page
@@ -287,6 +326,37 @@ class ClusterCollector(Collector):
         for engine in snapshot.engine_inflight:
             offline.add_metric([engine], snapshot.engine_offline.get(engine, 0))
         yield from (depth, running, oldest, reserved, engine_reserved, inflight, offline)
+
+    def _seats(self) -> Iterator[Metric]:
+        """Each engine's seats by class (`FairQueue.seat_reports`): the bounds of the classes
+        with a target or a fixed bound, and for every class what it may hold and whether a
+        bound above holds it back."""
+        from protocol.classes import REQUEST_CLASSES
+        from scheduler.pools.policies import fair_queue
+
+        labels = ["engine", "class"]
+        target = _gauge("gpushare_engine_ttft_target_seconds", labels)
+        p99 = _gauge("gpushare_engine_ttft_p99_seconds", labels)
+        below = _gauge("gpushare_engine_seats_below", labels)
+        below_held = _gauge("gpushare_engine_seats_below_held", labels)
+        class_seats = _gauge("gpushare_engine_class_seats", labels)
+        held_back = _gauge("gpushare_engine_class_held_back", labels)
+        for report in fair_queue().seat_reports():
+            engine = report.engine_id
+            for bound in report.bounds:
+                values = [engine, bound.request_class]
+                if bound.target_s is not None:
+                    target.add_metric(values, bound.target_s)
+                if bound.p99_s is not None:
+                    p99.add_metric(values, bound.p99_s)
+                if bound.bound is not None:  # None: no bound in force (a lapsed target)
+                    below.add_metric(values, bound.bound)
+                below_held.add_metric(values, bound.held)
+            for request_class in REQUEST_CLASSES:
+                values = [engine, request_class]
+                class_seats.add_metric(values, report.class_seats(request_class))
+                held_back.add_metric(values, 1 if report.limits.get(request_class) else 0)
+        yield from (target, p99, below, below_held, class_seats, held_back)
 
     def _ledger(self) -> Iterator[Metric]:
         from telemetry.ledger import (

@@ -266,8 +266,10 @@ end
 -- bound settles where a share 1 - q of the class misses. A miss of a job picked after the
 -- last cut shrinks it by as many times more as it was over the target (at most MISS_WEIGHT)
 -- and marks a cut; the misses of jobs picked before it saw a larger bound and count once.
--- The bound stays between 1 seat and all of them; a class measured again after an idle spell
--- starts from all of them.
+-- A miss while the bound is over the engine's seats first brings it down to them: a bound
+-- above them limits only places in the engine's queue, where the class goes first anyway, not
+-- the sequences it runs beside. The bound stays between 1 seat and all the seats and places;
+-- a class measured again after an idle spell starts from all of them.
 local function observe_ttft(engine_id, cls, ttft, picked_at)
   local key = k_engine(engine_id)
   local f = redis.call('HMGET', key, 'target:' .. cls, 'below:' .. cls, 'cut:' .. cls,
@@ -279,8 +281,11 @@ local function observe_ttft(engine_id, cls, ttft, picked_at)
   redis.call('LTRIM', samples, 0, TTFT_SAMPLES - 1)
   local below = tonumber(f[2])
   if not below or NOW - num(f[4]) > num(f[7]) then below = most end
-  local q, step = num(f[5]), num(f[6])
+  local q, step, seats_total = num(f[5]), num(f[6]), num(f[8])
   local fields = {'sampled:' .. cls, fmt(NOW)}
+  if ttft > target and below > seats_total then
+    below = seats_total  -- above the seats it bounds only places in the engine's queue
+  end
   if ttft <= target then
     below = below + step * (1 - q)
   elseif num(picked_at) > num(f[3]) then

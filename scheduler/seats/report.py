@@ -52,8 +52,9 @@ def limit_text(report: EngineSeats, request_class: str) -> str:
     if not above:
         return ""
     bound = next(b for b in report.bounds if b.request_class == above)
-    why = "its fixed bound" if bound.fixed is not None else "its TTFT target"
-    return f"{above} {why}: the classes below it hold {bound.held} of {bound.bound} seats"
+    why = "fixed bound" if bound.fixed is not None else "TTFT target"
+    seats = "seat" if bound.bound == 1 else "seats"
+    return f"{above}'s {why}: the classes below it hold {bound.held} of {bound.bound} {seats}"
 
 
 def engine_line(report: EngineSeats) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import openai
@@ -15,10 +16,12 @@ import pytest
 from tests.e2e.conftest import MODEL, make_tenant
 from tests.support.harness import Platform
 
-FLOOD_STREAMS = 24
-# The p99 alone is some tens of ms here; beside the unbounded flood, several times that.
-# The target leaves room for a loaded CI machine and still needs the bound to hold it.
-TARGET_MS = 400.0
+FLOOD_STREAMS = 32
+# The target, in multiples of the interactive p99 alone: beside the unbounded flood the p99
+# is several times that (the test checks it is over the target), so only the bound holds it.
+TARGET_X_ALONE = 2.5
+MIN_TARGET_S = 0.1
+CLIENT_MARGIN = 1.5
 
 
 async def interactive_ttfts(client: openai.AsyncOpenAI, seconds: float) -> list[float]:
@@ -48,7 +51,7 @@ async def flood(client: openai.AsyncOpenAI, stop: asyncio.Event, done: list[int]
     async def loop() -> None:
         while not stop.is_set():
             await client.chat.completions.create(
-                model=MODEL, max_tokens=64, extra_body={"ignore_eos": True},
+                model=MODEL, max_tokens=128, extra_body={"ignore_eos": True},
                 messages=[{"role": "user", "content": "tell me a long story"}],
             )  # fmt: skip
             done.append(1)
@@ -68,14 +71,13 @@ def seats(platform: Platform) -> dict[str, Any]:
 
 
 @pytest.fixture
-def target(platform_server: Platform):
-    platform_server.manage("pool", "targets", MODEL, "--ttft-ms", f"interactive={TARGET_MS:g}")
-    yield TARGET_MS
+def no_target_after(platform_server: Platform) -> Iterator[None]:
+    yield
     platform_server.manage("pool", "targets", MODEL, "--ttft-ms", "inherit")
 
 
 def test_an_interactive_target_is_held_beside_a_standard_flood(
-    platform_server: Platform, target: float
+    platform_server: Platform, no_target_after: None
 ) -> None:
     _, chat_key = make_tenant(platform_server, classes="interactive")
     _, bulk_key = make_tenant(platform_server, classes="standard")
@@ -83,28 +85,47 @@ def test_an_interactive_target_is_held_beside_a_standard_flood(
     chat = openai.AsyncOpenAI(base_url=base, api_key=chat_key, max_retries=0, timeout=60)
     bulk = openai.AsyncOpenAI(base_url=base, api_key=bulk_key, max_retries=0, timeout=120)
     samples: list[dict[str, Any]] = []
+    target_s = 0.0
 
-    async def scenario() -> tuple[list[float], int]:
+    async def scenario() -> tuple[list[float], list[float], list[float], int]:
+        nonlocal target_s
+        alone = await interactive_ttfts(chat, 8)
+        target_s = max(MIN_TARGET_S, TARGET_X_ALONE * p99(alone))
         stop, done = asyncio.Event(), list[int]()
         flooding = asyncio.ensure_future(flood(bulk, stop, done))
         try:
+            unbounded = await interactive_ttfts(chat, 15)
+            await asyncio.to_thread(
+                platform_server.manage, "pool", "targets", MODEL, "--ttft-ms",
+                f"interactive={target_s * 1000:.0f}",
+            )  # fmt: skip
             await interactive_ttfts(chat, 20)  # the controller settles
-            samples.append(seats(platform_server))
             before = len(done)
-            measured = await interactive_ttfts(chat, 20)
-            samples.append(seats(platform_server))
-            return measured, len(done) - before
+            measuring = asyncio.ensure_future(interactive_ttfts(chat, 20))
+            while not measuring.done():  # the engine's seats, read off the loop meanwhile
+                samples.append(await asyncio.to_thread(seats, platform_server))
+            return alone, unbounded, await measuring, len(done) - before
         finally:
             stop.set()
             await flooding
 
-    measured, flood_done = asyncio.run(scenario())
+    alone, unbounded, bounded, flood_done = asyncio.run(scenario())
 
-    assert len(measured) >= 20, measured
-    assert p99(measured) * 1000 <= target, (sorted(measured)[-5:], samples)
+    assert len(bounded) >= 20, bounded
+    seen = [
+        (s["bounds"][0]["bound"], s["held"]["standard"], s["bounds"][0]["p99_ms"]) for s in samples
+    ]
+    context = (
+        f"p99 alone {p99(alone):.3f} s, target {target_s:.3f} s; (bound, held, p99 ms): {seen}"
+    )
+    assert p99(unbounded) > target_s, context  # the flood alone breaks the target
+    # The platform holds its own measure (from a request's arrival) near the target; this
+    # client, sharing the machine's cores with the platform and the engine, adds its own delay
+    # on top of that: the margin is the client's, not the controller's.
+    assert p99(bounded) <= CLIENT_MARGIN * target_s, (sorted(bounded)[-5:], context)
+    assert p99(bounded) < p99(unbounded) / 2, context
     assert flood_done >= FLOOD_STREAMS, flood_done  # the flood still ran, bounded
-    (bound,) = samples[-1]["bounds"]
-    assert (bound["class"], bound["source"]) == ("interactive", "target"), samples
-    assert bound["samples"] > 0
-    # The bound held the flood under every seat and place of the engine (16 + 16).
-    assert all(s["bounds"][0]["bound"] < s["seats"] + s["queued"] for s in samples), samples
+    bounds = [s["bounds"][0] for s in samples]
+    assert {(b["class"], b["source"]) for b in bounds} == {("interactive", "target")}, samples
+    # The bound held the flood under the engine's seats (16; 16 more places in its queue).
+    assert min(b["bound"] for b in bounds) < samples[0]["seats"], samples

@@ -1,7 +1,7 @@
 """Telemetry end to end: real traffic through the openai client to the real vLLM CPU engine,
-then /metrics/cluster and /metrics (parsed by prometheus-client), the sampler's history and
-load (real pynvml on a machine without an NVIDIA driver: no GPU fields), and the usage
-report over the ledger."""
+then /metrics/cluster and /metrics (parsed by prometheus-client), the series of a seat bound
+once a pool has a TTFT target, the sampler's history and load (real pynvml on a machine
+without an NVIDIA driver: no GPU fields), and the usage report over the ledger."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from capacity.units import UNIT_BYTES
-from telemetry.exporter import CLUSTER_METRICS
+from telemetry.exporter import BOUND_METRICS, CLUSTER_METRICS
 from tests.e2e.conftest import MODEL, make_tenant
 from tests.support.harness import Platform
 
@@ -118,10 +118,16 @@ def test_metrics_expose_every_documented_metric_after_real_traffic(platform_serv
         .removesuffix("_sum")
         for name in samples
     }  # fmt: skip
-    missing = [name for name in CLUSTER_METRICS if name not in families and name not in GPU_METRICS]
+    # The series of seat bounds exist only while one is set: the next test sets one.
+    absent = [*GPU_METRICS, *BOUND_METRICS]
+    missing = [name for name in CLUSTER_METRICS if name not in families and name not in absent]
     assert not missing
-    # A CPU machine: the GPU metrics are documented but have no samples, never zeros.
-    assert not [name for name in samples if name in GPU_METRICS]
+    # A CPU machine: the GPU metrics are documented but have no samples, never zeros. No
+    # seat bound is set: nor have the bounds' series.
+    assert not [name for name in samples if name in absent]
+    seats = {"engine": MODEL, "class": "offline"}
+    assert total(samples, "gpushare_engine_class_seats", **seats) >= 16  # all its seats
+    assert total(samples, "gpushare_engine_class_held_back", **seats) == 0
 
     engine = {"engine": MODEL, "model": MODEL}
     assert total(samples, "gpushare_engine_up", **engine) == 1
@@ -138,6 +144,42 @@ def test_metrics_expose_every_documented_metric_after_real_traffic(platform_serv
     assert 2 <= total(samples, "gpushare_time_to_first_token_seconds_count", tenant=slug) <= waits
     # Each pod's own page: only the build it runs.
     assert set(scrape(platform_server, "/metrics")) == {"gpushare_build_info"}
+
+
+def test_a_pools_ttft_target_shows_its_bound_on_the_engine(platform_server):
+    """An interactive target of 60 s, which every first token here meets: its controller
+    keeps every seat for the classes below (docs/METRICS.md, seats by class)."""
+    platform_server.manage("pool", "targets", MODEL, "--ttft-ms", "interactive=60000")
+    try:
+        _, key = make_tenant(platform_server, classes="interactive")
+        client = client_for(platform_server, key)
+        chat(client, stream=True)
+        chat(client, stream=True)
+        interactive = {"engine": MODEL, "class": "interactive"}
+
+        def measured() -> Samples | None:
+            samples = scrape(platform_server)
+            p99 = samples.get("gpushare_engine_ttft_p99_seconds", [])
+            return samples if any(ls == interactive for ls, _ in p99) else None
+
+        samples = wait_for(measured)  # the bound lapses 30 s after its last measure
+        families = {name for name in samples if name in CLUSTER_METRICS}
+        assert set(BOUND_METRICS) <= families
+        assert total(samples, "gpushare_engine_ttft_target_seconds", **interactive) == 60
+        assert 0 < total(samples, "gpushare_engine_ttft_p99_seconds", **interactive) < 60
+        # Every first token within the target: the classes below may hold all the seats.
+        seats = total(samples, "gpushare_engine_class_seats", **interactive)
+        assert seats >= 16
+        assert total(samples, "gpushare_engine_seats_below", **interactive) == seats
+        assert total(samples, "gpushare_engine_seats_below_held", **interactive) >= 0
+        assert total(samples, "gpushare_engine_class_held_back", engine=MODEL) == 0
+        # Only interactive has a target.
+        targets = samples["gpushare_engine_ttft_target_seconds"]
+        assert [labels["class"] for labels, _ in targets] == ["interactive"]
+    finally:
+        platform_server.manage("pool", "targets", MODEL, "--ttft-ms", "inherit")
+    after = scrape(platform_server)
+    assert "gpushare_engine_ttft_target_seconds" not in after
 
 
 def shell_json(platform: Platform, code: str) -> Any:

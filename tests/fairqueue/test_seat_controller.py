@@ -71,7 +71,7 @@ def test_the_scripts_move_the_bound_as_the_pure_controller_does(
 ) -> None:
     fq_redis.flushdb()
     setup(fq, ttft_targets_s={"interactive": TARGET_S})
-    model = SeatController(TARGET_S, SEATS + QUEUED, quantile=0.9, step=1.0, idle_s=30.0)
+    model = SeatController(TARGET_S, SEATS + QUEUED, SEATS, quantile=0.9, step=1.0, idle_s=30.0)
     now = 1.0
     for ttft, wait, run_s in steps:
         picked, released = now + wait, now + wait + run_s
@@ -89,25 +89,27 @@ def test_a_miss_cuts_by_how_far_over_and_hits_grow_slowly(
     setup(fq, ttft_targets_s={"interactive": TARGET_S})
     run(fq, 0, 0.1, 0.2, ttft=0.1)  # a hit from all seats: the bound stays at all of them
     assert below(fq_redis) == SEATS + QUEUED
-    run(fq, 1, 1.1, 1.2, ttft=0.75)  # 1.5 times the target: 1.5 x 0.9 seats off
-    assert below(fq_redis) == pytest.approx(6 - 1.35)
-    run(fq, 2, 2.1, 2.2, ttft=9.0)  # far over: counted at most MISS_WEIGHT times
-    assert below(fq_redis) == pytest.approx(6 - 1.35 - 3.6)
+    # 1.5 times the target: down to the engine's 4 seats (above them the bound limits only
+    # its queue), then 1.5 x 0.9 seats off.
+    run(fq, 1, 1.1, 1.2, ttft=0.75)
+    assert below(fq_redis) == pytest.approx(4 - 1.35)
+    run(fq, 2, 2.1, 2.2, ttft=2.0)  # 4 times over: 3.6 seats off, but never under 1
+    assert below(fq_redis) == 1.0
     run(fq, 3, 3.1, 3.2, ttft=0.1)  # a hit: step x (1 - q)
-    assert below(fq_redis) == pytest.approx(6 - 1.35 - 3.6 + 0.1)
+    assert below(fq_redis) == pytest.approx(1.1)
     for second in range(4, 10):
-        run(fq, second, second + 0.1, second + 0.2, ttft=5.0)
-    assert below(fq_redis) == 1.0  # never under one seat: the classes below still run
+        run(fq, second, second + 0.1, second + 0.2, ttft=0.1)
+    assert below(fq_redis) == pytest.approx(1.7)  # hits grow it slowly
 
 
 def test_misses_of_jobs_picked_before_the_last_cut_count_once(
     fq: FairQueue, fq_redis: redis.Redis
 ) -> None:
-    """Jobs picked under the old bound and measured after the cut say nothing new of it: a
-    burst of them takes off one step each, not MISS_WEIGHT steps each."""
+    """A job picked under the old bound and measured after the cut says nothing new of it:
+    it takes off one step, not as many as it was times over the target."""
     setup(fq, ttft_targets_s={"interactive": TARGET_S})
     jobs = []
-    for _ in range(3):
+    for _ in range(2):
         submit(fq, "interactive", 0)
         job = fq.pick("p", "e", now=0.1)
         assert job is not None
@@ -115,10 +117,9 @@ def test_misses_of_jobs_picked_before_the_last_cut_count_once(
     fq.release(jobs[0].job_id, 1, 1, last_words=LastWords(ttft_s=1.0), now=1.0)
     after_cut = below(fq_redis)
     assert after_cut is not None
-    assert after_cut == pytest.approx(6 - 2 * 0.9)
-    for job in jobs[1:]:
-        fq.release(job.job_id, 1, 1, last_words=LastWords(ttft_s=1.0), now=1.5)
-    assert below(fq_redis) == pytest.approx(after_cut - 2 * 0.9)
+    assert after_cut == pytest.approx(4 - 2 * 0.9)
+    fq.release(jobs[1].job_id, 1, 1, last_words=LastWords(ttft_s=1.0), now=1.5)
+    assert below(fq_redis) == pytest.approx(after_cut - 0.9)  # not 2 x 0.9
 
 
 def test_a_bound_keeps_the_lower_classes_out_of_its_seats_and_lapses_when_idle(

@@ -1,7 +1,8 @@
 """`/metrics/cluster` and `/metrics` read back with prometheus-client's own parser, over the
 real Redis and PostgreSQL: every documented metric on its page, its labels, units and
-values, histogram buckets, rejections counted from the OpenAI API's error path, and the
-cluster-wide series counted once however many replicas serve them."""
+values, histogram buckets, rejections counted from the OpenAI API's error path, each
+engine's seats by class and their bounds, and the cluster-wide series counted once however
+many replicas serve them."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
 from capacity.units import UNIT_BYTES
-from fairqueue.domain import TenantPolicy
+from fairqueue.domain import EnginePolicy, TenantPolicy
+from fairqueue.queue import LastWords
 from plumbing.redis import redis_client
 from scheduler.gpu_inventory import GpmActivity
 from scheduler.pools.policies import fair_queue
 from telemetry import gpus
-from telemetry.exporter import CLUSTER_METRICS, PROCESS_METRICS
+from telemetry.exporter import BOUND_METRICS, CLUSTER_METRICS, PROCESS_METRICS
 from telemetry.rejections import rejection_note
 from telemetry.sampling import telemetry_sample
 from tenants.models import Tenant, UsageRecord
@@ -105,9 +107,111 @@ def families(samples: Samples) -> set[str]:
 
 def test_every_documented_metric_is_exposed_on_its_page_after_traffic(busy: Tenant):
     cluster, process = scrape(), scrape(path="/metrics")
-    assert families(cluster) == set(CLUSTER_METRICS)
+    # No seat bound is set: the series of bounds have no samples (never zeros).
+    assert families(cluster) == set(CLUSTER_METRICS) - set(BOUND_METRICS)
     assert families(process) == set(PROCESS_METRICS)
     assert all(name.startswith("gpushare_") for name in [*cluster, *process])
+
+
+def bound_engine(seats: int = 8, **bounds: object) -> None:
+    """eng-a (make_engine, register) with seat bounds, and no queue of its own."""
+    fair_queue().set_engine_policy(
+        EnginePolicy(
+            engine_id="eng-a", pool="m", kv_budget_bytes=4 * UNIT_BYTES, max_num_seqs=seats,
+            **bounds,  # type: ignore[arg-type]
+        )
+    )  # fmt: skip
+
+
+def run_job(request_class: str, *, ttft_s: float | None = None) -> str:
+    """A job of the class picked on eng-a, released with its time to first token when one is
+    given; returns its id."""
+    queue = fair_queue()
+    queue.set_tenant_policy("acme", TenantPolicy(weight=1.0, quota_bytes=100 * UNIT_BYTES))
+    queue.enqueue(tenant="acme", pool="m", request_class=request_class, prompt_tokens=1,
+                  max_tokens=1, kv_bytes=UNIT_BYTES // 4)  # fmt: skip
+    job = queue.pick("m", "eng-a")
+    assert job is not None
+    assert job.request_class == request_class
+    if ttft_s is not None:
+        assert queue.release(job.job_id, 1, 1, last_words=LastWords(ttft_s=ttft_s))
+    return job.job_id
+
+
+def test_with_a_seat_bound_every_documented_metric_is_exposed(busy: Tenant):
+    bound_engine(ttft_targets_s={"interactive": 0.5})
+    run_job("interactive", ttft_s=0.2)  # busy's waiting interactive job, measured
+    cluster = scrape()
+    assert families(cluster) == set(CLUSTER_METRICS)
+
+
+def test_seat_bounds_by_engine_and_class(redis_db, stub_engine: StubEngine):
+    make_engine(stub_engine.port)
+    bound_engine(4, ttft_targets_s={"interactive": 0.3}, fixed_seats_below={"standard": 3})
+    # Two within the target keep the bound at all 4 seats; the last, 4x the target, cuts it
+    # by 4 x 0.995 seats, to 1 (lua/lib.lua observe_ttft).
+    for ttft_s in (0.1, 0.2, 1.2):
+        run_job("interactive", ttft_s=ttft_s)
+    run_job("offline")
+    samples = scrape()
+
+    def of(name: str, request_class: str) -> float:
+        return value(samples, name, engine="eng-a", **{"class": request_class})
+
+    assert of("gpushare_engine_ttft_target_seconds", "interactive") == 0.3
+    assert of("gpushare_engine_ttft_p99_seconds", "interactive") == 1.2  # nearest rank of 3
+    assert of("gpushare_engine_seats_below", "interactive") == 1
+    assert of("gpushare_engine_seats_below_held", "interactive") == 1  # the offline job
+    # standard has a fixed bound: no target, nothing measured.
+    assert of("gpushare_engine_seats_below", "standard") == 3
+    assert of("gpushare_engine_seats_below_held", "standard") == 1
+    for name in ("gpushare_engine_ttft_target_seconds", "gpushare_engine_ttft_p99_seconds"):
+        assert [ls for ls, _ in samples[name] if ls["class"] != "interactive"] == [], name
+    # interactive's full bound holds both classes below it back.
+    seats = {
+        c: of("gpushare_engine_class_seats", c) for c in ("interactive", "standard", "offline")
+    }
+    assert seats == {"interactive": 4, "standard": 0, "offline": 1}
+    held_back = {
+        c: of("gpushare_engine_class_held_back", c) for c in ("interactive", "standard", "offline")
+    }
+    assert held_back == {"interactive": 0, "standard": 1, "offline": 1}
+
+
+def test_an_engine_without_bounds_has_class_seats_and_no_bound_series(
+    redis_db, stub_engine: StubEngine
+):
+    register(make_engine(stub_engine.port))
+    run_job("standard")
+    samples = scrape()
+    assert not [name for name in samples if name in BOUND_METRICS]
+    for request_class in ("interactive", "standard", "offline"):
+        labels = {"engine": "eng-a", "class": request_class}
+        assert value(samples, "gpushare_engine_class_seats", **labels) == 8
+        assert value(samples, "gpushare_engine_class_held_back", **labels) == 0
+
+
+def test_a_target_unmeasured_for_its_idle_time_has_no_bound_in_force(
+    redis_db, stub_engine: StubEngine
+):
+    make_engine(stub_engine.port)
+    bound_engine(4, ttft_targets_s={"interactive": 0.3})
+    run_job("interactive", ttft_s=1.2)  # cuts the seats below to 1
+    run_job("offline")
+    queue = fair_queue()
+    # Its controller last measured 31 s ago: past the idle time (30 s), its bound lapses.
+    seconds, _ = queue.redis.time()
+    queue.redis.hset(queue.keys.engine("eng-a"), "sampled:interactive", repr(seconds - 31.0))
+    samples = scrape()
+    labels = {"engine": "eng-a", "class": "interactive"}
+    assert value(samples, "gpushare_engine_ttft_target_seconds", **labels) == 0.3
+    assert value(samples, "gpushare_engine_ttft_p99_seconds", **labels) == 1.2
+    assert value(samples, "gpushare_engine_seats_below_held", **labels) == 1
+    assert "gpushare_engine_seats_below" not in samples
+    assert (
+        value(samples, "gpushare_engine_class_held_back", engine="eng-a", **{"class": "offline"})
+        == 0
+    )
 
 
 def test_names_carry_their_base_unit():

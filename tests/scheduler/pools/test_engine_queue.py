@@ -69,7 +69,9 @@ def test_the_engine_gets_the_class_priority_never_the_clients() -> None:
         engine_body(request, cls, stamp)["priority"]
         for cls, stamp in zip(REQUEST_CLASSES, stamps, strict=True)
     ]
-    assert priorities == [engine_priority(c, s) for c, s in zip(REQUEST_CLASSES, stamps, strict=True)]
+    assert priorities == [
+        engine_priority(c, s) for c, s in zip(REQUEST_CLASSES, stamps, strict=True)
+    ]
     assert priorities == sorted(set(priorities))
     low, high = (engine_body(request, "standard", s)["priority"] for s in (1.0, 2.5))
     assert low < high
