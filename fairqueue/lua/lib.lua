@@ -224,7 +224,7 @@ end
 -- with a latency target, an engine bounds the seats the classes below it may hold: a fixed
 -- bound the operator set (`fixed:<cls>`), else the controller's (`below:<cls>`), which moves
 -- with each time to first token of the class measured there (observe_ttft). `model.py`
--- (SeatController, seats_below, class_limit) states the same rules.
+-- (SeatController, class_limit) states the same rules.
 local MISS_WEIGHT = 4  -- the most a miss counts, in multiples of the miss at its target
 local TTFT_SAMPLES = 200  -- the latest times to first token kept per engine and class
 
@@ -234,8 +234,6 @@ local function held_below(usage, cls)
   if cls == 'standard' then return num(usage.offline) end
   return 0
 end
-
-local function all_seats(engine) return num(engine.max_num_seqs) + num(engine.queued) end
 
 -- The seats the classes below `cls` may hold on the engine now; nil: no bound. The
 -- controller's bound lapses once its class has gone `target_idle_s` without a measure:
