@@ -172,6 +172,46 @@ def kv_cost_bytes_of(
     )
 
 
+@dataclass(frozen=True)
+class KvCost:
+    """What a request of several sequences may reserve of an engine's KV: its worst case
+    (`kv_cost_bytes_of`), and what a prediction of it is made of: its prompts with a block of
+    output per sequence (`floor_bytes`), and the bytes each token it generates adds
+    (`token_bytes`, per sequence). fairqueue/lua/lib.lua `job_cost` reserves
+    min(worst, floor + sequences x predicted tokens x token_bytes)."""
+
+    worst_bytes: int
+    floor_bytes: int
+    token_bytes: int
+
+    def enqueue_fields(self) -> dict[str, int]:
+        """As `fairqueue.queue.FairQueue.enqueue` takes them."""
+        return {
+            "kv_bytes": self.worst_bytes,
+            "kv_floor": self.floor_bytes,
+            "kv_token": self.token_bytes,
+        }
+
+
+def kv_cost_of(
+    *,
+    bytes_per_token: int,
+    prompt_tokens: Sequence[int],
+    max_tokens: int,
+    n: int = 1,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> KvCost:
+    worst = kv_cost_bytes_of(
+        bytes_per_token=bytes_per_token, prompt_tokens=prompt_tokens, max_tokens=max_tokens,
+        n=n, block_size=block_size,
+    )  # fmt: skip
+    floor = kv_cost_bytes_of(
+        bytes_per_token=bytes_per_token, prompt_tokens=prompt_tokens,
+        max_tokens=min(max_tokens, block_size), n=n, block_size=block_size,
+    )  # fmt: skip
+    return KvCost(worst_bytes=worst, floor_bytes=floor, token_bytes=bytes_per_token)
+
+
 def kv_cost_units(
     *,
     bytes_per_token: int,

@@ -310,6 +310,12 @@ GPUSHARE_FIXED_SEATS_BELOW = env_numbers("GPUSHARE_FIXED_SEATS_BELOW", {})
 GPUSHARE_TARGET_QUANTILE = env_float("GPUSHARE_TARGET_QUANTILE", 0.995)
 GPUSHARE_TARGET_STEP = env_float("GPUSHARE_TARGET_STEP", 1.0)
 GPUSHARE_TARGET_IDLE_S = env_float("GPUSHARE_TARGET_IDLE_S", 30.0)
+# What a request reserves of its engine's KV before it runs (docs/ARCHITECTURE.md, Reserving
+# KV): `predict`, its prompt and the output its tenant's answers reach at
+# GPUSHARE_OUTPUT_QUANTILE (growing while it generates past that), or `worst`, its prompt and
+# every token it may generate. `manage.py pool reservation` sets a pool's own.
+GPUSHARE_KV_RESERVATION = env_str("GPUSHARE_KV_RESERVATION", "predict")
+GPUSHARE_OUTPUT_QUANTILE = env_float("GPUSHARE_OUTPUT_QUANTILE", 0.95)
 # The most engine calls one worker process holds at once (a safety bound: the engines' seats
 # and KV budgets, enforced by the fair queue, are what bound them in practice). Beyond it the
 # process stops picking and the pool's other workers are summoned.

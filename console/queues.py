@@ -1,6 +1,7 @@
 """The queues page: the fair queue's snapshot by pool, tenant and class, why each engine's
-offline gate is open or shut, and each engine's seats by class: the bounds that hold latency
-targets, what they let each class hold, and what holds a class back."""
+offline gate is open or shut, each engine's seats by class (the bounds that hold latency
+targets, what they let each class hold, and what holds a class back), and each engine's KV
+reservations (the mode, what jobs reserve, what the engine holds beyond that, preemptions)."""
 
 from __future__ import annotations
 
@@ -16,15 +17,20 @@ from capacity.units import bytes_to_units_exact
 from console.charts import Meter, meter_chart
 from console.live import LIVE_REFRESH_S, class_totals, engine_rows
 from fairqueue.domain import QueueRow
+from fairqueue.queue import FairQueue
+from fairqueue.reservations import EngineReservation
 from fairqueue.seats import ClassBound, EngineSeats
 from plumbing.errors import DomainError
 from protocol.classes import REQUEST_CLASSES
 from scheduler.pools.policies import fair_queue
+from scheduler.reservation.modes import pool_reservation
+from scheduler.reservation.report import mode_line
 from scheduler.seats.bounds import pool_bounds
 from scheduler.seats.report import bounds_line, limit_text
 from scheduler.selectors import (
     engine_list,
 )
+from telemetry.engines import engine_live
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,52 @@ def _bounds_words(pool: str) -> str:
         return exc.message
 
 
+@dataclass(frozen=True)
+class EngineKv:
+    """One engine's KV reservations on the queues page (`fairqueue.reservations`), with the
+    requests it preempted since it started (its telemetry)."""
+
+    report: EngineReservation
+    preemptions: float | None
+
+    @property
+    def reserved_percent(self) -> float:
+        budget = self.report.budget_bytes
+        return min(100.0, 100.0 * self.report.reserved_bytes / budget) if budget else 0.0
+
+    @property
+    def units(self) -> dict[str, float]:
+        r = self.report
+        return {
+            "budget": bytes_to_units_exact(r.budget_bytes),
+            "reserved": bytes_to_units_exact(r.reserved_bytes),
+            "excess": bytes_to_units_exact(r.excess_bytes or 0),
+            "free": bytes_to_units_exact(max(0, r.free_bytes)),
+        }
+
+
+def _kv_pools(queue: FairQueue) -> list[tuple[str, str, list[EngineKv], dict[str, int]]]:
+    """Per pool: its mode in words, its engines' KV, each tenant's predicted output."""
+    pools: dict[str, list[EngineKv]] = {}
+    for report in queue.reservation_reports():
+        live = engine_live(queue.redis, report.engine_id)
+        preempted = live.get("preemptions_total")
+        pools.setdefault(report.pool, []).append(
+            EngineKv(report, float(preempted) if preempted else None)
+        )
+    return [
+        (pool, _mode_words(pool), pools[pool], queue.output_predictions(pool))
+        for pool in sorted(pools)
+    ]
+
+
+def _mode_words(pool: str) -> str:
+    try:
+        return mode_line(pool_reservation(pool))
+    except DomainError as exc:
+        return exc.message
+
+
 def _queues_context() -> dict[str, object]:
     queue = fair_queue()
     snapshot = queue.snapshot()
@@ -147,6 +199,7 @@ def _queues_context() -> dict[str, object]:
         else "",
         # Seats by class: shown while an engine has a bound; else a note on how to set one.
         "seat_pools": _seat_pools(reports) if any(r.bounds for r in reports) else [],
+        "kv_pools": _kv_pools(queue),
         "tenant_reserved": [
             (tenant, bytes_to_units_exact(reserved))
             for tenant, reserved in sorted(snapshot.tenant_reserved_bytes.items())

@@ -122,6 +122,9 @@ class AsyncFairQueue:
             await self._run("requeue", *self.queue.requeue_args(job.job_id, job.attempt, reason))
         )
 
+    async def grow(self, job_id: str, attempt: int, tokens: int) -> int:
+        return int(await self._run("grow", job_id, attempt, int(tokens)))
+
     async def renew_leases(self, jobs: Sequence[Job]) -> list[bool]:
         """Each job's lease extended, in one round trip; False where the job is no longer
         the caller's (cancelled, or reaped and running elsewhere): stop running it."""

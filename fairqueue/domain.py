@@ -63,6 +63,10 @@ class ControllerSettings:
             raise ValueError("the controller's step and idle time must be positive")
 
 
+# How jobs reserve KV on an engine (EnginePolicy.reservation).
+RESERVATION_MODES = ("predict", "worst")
+
+
 @dataclass(frozen=True)
 class EnginePolicy:
     """One engine as admission sees it. `load` is 0..1 (docs/ARCHITECTURE.md, The offline gate).
@@ -90,8 +94,17 @@ class EnginePolicy:
     ttft_targets_s: Mapping[str, float] = field(default_factory=dict)
     fixed_seats_below: Mapping[str, int] = field(default_factory=dict)
     seat_controller: ControllerSettings = field(default_factory=ControllerSettings)
+    # What a job reserves there (lua/lib.lua `job_cost`): `worst`, its prompts and every token
+    # it may generate; `predict`, its prompts and the output its tenant's answers reach at
+    # `output_quantile`, growing while it generates past that.
+    reservation: str = "worst"
+    output_quantile: float = 0.95
 
     def __post_init__(self) -> None:
+        if self.reservation not in RESERVATION_MODES:
+            raise ValueError(f"a reservation mode is one of {', '.join(RESERVATION_MODES)}")
+        if not 0.5 <= self.output_quantile <= 1:
+            raise ValueError("the output quantile is in [0.5, 1]")
         if min(self.kv_budget_bytes, self.max_num_seqs, self.queued, self.offline_reserve) < 0:
             raise ValueError(
                 "an engine's KV budget, max_num_seqs, queue and offline reserve cannot be negative"
@@ -202,6 +215,19 @@ class Job:
     seqs: int = 1
     # Its tenant's VTC counter when it was picked: its place in the engine (engine_priority).
     stamp: float = 0.0
+    # KV it reserves on its engine while it runs, and what a prediction of it is made of
+    # (FairQueue.enqueue_args): the bytes of its prompts, the bytes per token generated.
+    reserved: int = 0
+    kv_floor: int = 0
+    kv_token: int = 0
+
+    @property
+    def covered_tokens(self) -> int:
+        """The tokens (its sequences' together) its reservation covers, past which it must
+        grow (`FairQueue.grow`); -1: it reserves its worst case and never grows."""
+        if self.kv_token <= 0 or self.reserved >= self.kv_bytes:
+            return -1
+        return (self.reserved - self.kv_floor) // self.kv_token
 
     @classmethod
     def from_hash(cls, job_id: str, fields: Mapping[str, str]) -> "Job":
@@ -226,6 +252,9 @@ class Job:
             answered=fields.get("answered", ""),
             seqs=int(fields.get("seqs") or 1),
             stamp=float(fields.get("stamp") or 0.0),
+            reserved=int(fields.get("reserved") or 0),
+            kv_floor=int(fields.get("kv_floor") or 0),
+            kv_token=int(fields.get("kv_token") or 0),
         )
 
 

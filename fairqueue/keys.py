@@ -29,13 +29,19 @@ key                                    type     holds
                                                 bounds' target:{class}, fixed:{class},
                                                 target_quantile, target_step, target_idle_s;
                                                 the samplers' load, load_signal, load_closed;
-                                                the controllers' below:, cut:, sampled:{class}
+                                                the controllers' below:, cut:, sampled:{class};
+                                                the KV reservation, out_quantile, and the
+                                                samplers' kv_excess_bytes, kv_used_at, kv_scale
 ``engine:{engine_id}:use``             hash     reserved (bytes), inflight (seats), standard
                                                 and offline (the seats those classes hold)
 ``engine:{engine_id}:ttft:{class}``    list     the latest times to first token there (ms),
                                                 newest first, of a class with a target
 ``engines``                            set      engines that have a policy
 ``pool:{pool}:engines``                set      engines serving the pool
+``pool:{pool}:outpred``                hash     each tenant's predicted output per sequence
+                                                (tokens): the quantile of its latest answers
+``outlen:{pool}:{tenant}``             list     the tenant's latest output lengths per sequence
+                                                in the pool (tokens), newest first
 ``pools``                              set      pools that ever had a job or an engine
 ``inflight``                           zset     running job ids scored by lease deadline
 ``waiting``                            zset     queued job ids scored by queue deadline
@@ -110,6 +116,12 @@ class Keys:
 
     def engine_ttfts(self, engine_id: str, request_class: str) -> str:
         return f"{self.prefix}engine:{engine_id}:ttft:{request_class}"
+
+    def output_predictions(self, pool: str) -> str:
+        return f"{self.prefix}pool:{pool}:outpred"
+
+    def output_lengths(self, pool: str, tenant: str) -> str:
+        return f"{self.prefix}outlen:{pool}:{tenant}"
 
     def engines(self) -> str:
         return f"{self.prefix}engines"

@@ -50,7 +50,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -73,6 +73,7 @@ from fairqueue.domain import (
 )
 from fairqueue.inbox import chunk_entry, event_entry
 from fairqueue.keys import Keys, check_id
+from fairqueue.reservations import EngineReservation, engine_reservation
 from fairqueue.seats import EngineSeats, engine_seats
 from plumbing import wire
 from plumbing.raw_redis import RawRedis
@@ -87,6 +88,7 @@ CONTROLLER_FIELDS = ("below", "cut", "sampled")
 SCRIPT_NAMES: tuple[str, ...] = (
     *("enqueue", "pick", "release", "release_pick", "cancel", "requeue"),
     *("reap", "expire", "renew", "check", "stop_waiting", "kick", "answer", "set_load"),
+    "grow",
 )
 
 
@@ -214,6 +216,8 @@ class FairQueue:
             "offline_gate_margin": repr(float(policy.offline_gate_margin)),
             "offline_reserve": policy.offline_reserve,
             "load": repr(float(policy.load)),
+            "reservation": policy.reservation,
+            "out_quantile": repr(float(policy.output_quantile)),
         }
         pipe.hset(key, mapping=fields)
         pipe.sadd(self.keys.engines(), policy.engine_id)
@@ -221,12 +225,30 @@ class FairQueue:
         pipe.sadd(self.keys.pools(), policy.pool)
         pipe.execute()
 
-    def set_engine_load(self, engine_id: str, load: float, signal: str = "") -> bool:
+    def set_engine_load(
+        self,
+        engine_id: str,
+        load: float,
+        signal: str = "",
+        *,
+        kv_usage: float | None = None,
+        preempted: float | None = None,
+        now: float | None = None,
+    ) -> bool:
         """Writes the samplers' load of an engine, and which signal it came from; moves the
-        offline gate's hysteresis (`lua/set_load.lua`). Returns whether the load holds the
-        gate shut now."""
+        offline gate's hysteresis (`lua/set_load.lua`). `kv_usage` (0..1), the engine's own
+        measure of its KV in use, and `preempted`, the requests it preempted since the last
+        reading, steer the `predict` mode's admission (None: not known). Returns whether the
+        load holds the gate shut now."""
         check_id("engine", engine_id)
-        return bool(self._run("set_load", engine_id, repr(float(load)), signal))
+        measures = ["" if v is None else repr(float(v)) for v in (kv_usage, preempted)]
+        return bool(self._run("set_load", engine_id, repr(float(load)), signal, *measures, now=now))
+
+    def grow(self, job_id: str, attempt: int, tokens: int, *, now: float | None = None) -> int:
+        """A running job generated `tokens` (its sequences together): its reservation grows
+        when they pass what it covers (`lua/grow.lua`). Returns the tokens it covers now; -1
+        when it reserves its worst case, -2 when the job is not this attempt's any more."""
+        return int(self._run("grow", job_id, attempt, int(tokens), now=now))
 
     def remove_engine(self, engine_id: str) -> None:
         """No new picks for the engine; its in-flight jobs still release normally."""
@@ -273,6 +295,9 @@ class FairQueue:
         now: float | None = None,
         summary: str = "",
         seqs: int = 1,
+        kv_floor: int | None = None,
+        kv_token: int = 0,
+        observed: bool = False,
     ) -> Job:
         """Queues a job at the tail of its tenant's queue; raises JobRejected when it can
         never run (larger than every engine of the pool or than the tenant's quota + burst,
@@ -281,6 +306,7 @@ class FairQueue:
             summon=False, tenant=tenant, pool=pool, request_class=request_class,
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, kv_bytes=kv_bytes,
             payload=payload, job_id=job_id, now=now, summary=summary, seqs=seqs,
+            kv_floor=kv_floor, kv_token=kv_token, observed=observed,
         )  # fmt: skip
         return job
 
@@ -312,19 +338,29 @@ class FairQueue:
         max_waiting: int = 0,
         summary: str = "",
         seqs: int = 1,
+        kv_floor: int | None = None,
+        kv_token: int = 0,
+        observed: bool = False,
     ) -> list[Any]:
         """The enqueue script's arguments (after `script_head`), checked. `inbox`: the list
         its waiter reads the events of all its jobs from (see `Keys.inbox`); '' = the job's
         own event list. `max_waiting`: the job is refused (`too_many_waiting`) when that many
         of its tenant's jobs already wait in the pool's queues; 0 = no limit. `summary`: what
         the job keeps in place of its payload once it is over (`payload_summary`); '' = all.
-        `seqs`: the sequences it runs (n samples of each prompt), one engine seat each."""
+        `seqs`: the sequences it runs (n samples of each prompt), one engine seat each.
+        `kv_floor`, `kv_token`, `observed`: what a prediction of its KV is made of where its
+        engine predicts (`lua/lib.lua` job_cost): the bytes of its prompts with a block of
+        output per sequence (None: `kv_bytes`), the bytes per token generated (0: it always
+        reserves `kv_bytes`), and whether its tokens are counted as they come (it can grow)."""
         if request_class not in REQUEST_CLASSES:
             raise JobRejected("unknown_class", f"unknown request class {request_class!r}")
         if min(prompt_tokens, max_tokens, kv_bytes) < 0:
             raise ValueError("token counts and KV bytes cannot be negative")
         if seqs < 1:
             raise ValueError("a job runs at least one sequence")
+        floor = kv_bytes if kv_floor is None else min(kv_floor, kv_bytes)
+        if min(floor, kv_token) < 0:
+            raise ValueError("KV bytes cannot be negative")
         job_id = check_id("job", job_id or uuid.uuid4().hex)
         check_id("tenant", tenant)
         timeout = repr(float(self.config.queue_timeouts_s[request_class]))
@@ -334,6 +370,9 @@ class FairQueue:
             max_waiting,
             summary,
             seqs,
+            floor,
+            kv_token,
+            "1" if observed else "",
         ]
 
     @staticmethod
@@ -646,9 +685,12 @@ class FairQueue:
             pipe.hget(self.keys.engine_usage(engine), "reserved")
         return {e: int(v or 0) for e, v in zip(engines, pipe.execute(), strict=True)}
 
-    def seat_reports(self, pool: str | None = None, now: float | None = None) -> list[EngineSeats]:
-        """The seats of each engine (of `pool`, or all) by class: bounds, what the classes
-        hold and their times to first token (`fairqueue.seats`), in two round trips."""
+    def _engine_states(
+        self, pool: str | None, now: float | None, extra: Callable[[Any, str], None]
+    ) -> tuple[float, Iterator[tuple[str, dict[str, str], dict[str, str], Iterator[Any]]]]:
+        """Each engine (of `pool`, or all) with its policy and usage hashes, and the answers
+        of what `extra` asked the pipeline for it, in two round trips; engines removed
+        between the two reads are left out. With the moment of the read (Redis's clock)."""
         if now is None:
             seconds, micros = self.redis.time()
             now = seconds + micros / 1e6
@@ -658,17 +700,50 @@ class FairQueue:
         for engine in engines:
             pipe.hgetall(self.keys.engine(engine))
             pipe.hgetall(self.keys.engine_usage(engine))
+            extra(pipe, engine)
+        answers = iter(pipe.execute())
+
+        def states() -> Iterator[tuple[str, dict[str, str], dict[str, str], Iterator[Any]]]:
+            for engine in engines:
+                fields = {_text(k): _text(v) for k, v in next(answers).items()}
+                usage = {_text(k): _text(v) for k, v in next(answers).items()}
+                yield engine, fields, usage, answers
+
+        return now, states()
+
+    def seat_reports(self, pool: str | None = None, now: float | None = None) -> list[EngineSeats]:
+        """The seats of each engine (of `pool`, or all) by class: bounds, what the classes
+        hold and their times to first token (`fairqueue.seats`), in two round trips."""
+
+        def ttfts(pipe: Any, engine: str) -> None:
             for request_class in BOUNDED_CLASSES:
                 pipe.lrange(self.keys.engine_ttfts(engine, request_class), 0, -1)
-        answers = iter(pipe.execute())
+
+        now, states = self._engine_states(pool, now, ttfts)
         reports = []
-        for engine in engines:
-            fields = {_text(k): _text(v) for k, v in next(answers).items()}
-            usage = {_text(k): _text(v) for k, v in next(answers).items()}
-            samples = {c: [float(ms) for ms in next(answers)] for c in BOUNDED_CLASSES}
+        for engine, fields, usage, rest in states:
+            samples = {c: [float(ms) for ms in next(rest)] for c in BOUNDED_CLASSES}
             if fields:  # removed between the two reads
                 reports.append(engine_seats(engine, fields, usage, samples, now))
         return reports
+
+    def reservation_reports(
+        self, pool: str | None = None, now: float | None = None
+    ) -> list[EngineReservation]:
+        """The KV reservations of each engine (of `pool`, or all): mode, budget and its
+        scale, reserved and measured (`fairqueue.reservations`), in two round trips."""
+        now, states = self._engine_states(pool, now, lambda pipe, engine: None)
+        return [
+            engine_reservation(engine, fields, usage, now)
+            for engine, fields, usage, _ in states
+            if fields
+        ]
+
+    def output_predictions(self, pool: str) -> dict[str, int]:
+        """Each tenant's predicted output per sequence in the pool (tokens), for those with
+        enough answers seen (`lua/lib.lua` observe_output)."""
+        raw = self.redis.hgetall(self.keys.output_predictions(pool))
+        return {_text(k): int(_text(v)) for k, v in raw.items()}
 
     def snapshot(self, now: float | None = None) -> Snapshot:
         """Queues per pool, class and tenant, and reservations. Read without a lock: for

@@ -472,3 +472,24 @@ class PoolTargets(models.Model):
 
     def __str__(self) -> str:
         return self.pool
+
+
+class PoolReservation(models.Model):
+    """One pool's KV reservation mode in place of the settings' (GPUSHARE_KV_RESERVATION), by
+    pool id: `predict` (a job reserves its prompts and a prediction of its output, growing as
+    it generates) or `worst` (its prompts and every token it may generate: strict isolation).
+    docs/ARCHITECTURE.md, Reserving KV."""
+
+    class Mode(models.TextChoices):
+        PREDICT = "predict", "predict"
+        WORST = "worst", "worst case"
+
+    pool = models.CharField(max_length=300, unique=True)
+    mode = models.CharField(max_length=16, choices=Mode.choices)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ("pool",)
+
+    def __str__(self) -> str:
+        return f"{self.pool}: {self.mode}"

@@ -158,7 +158,9 @@ def engine_live_write(
     pipe.hset(key, mapping=mapping)
     pipe.expire(key, live_ttl_s())
     pipe.execute()
-    queue.set_engine_load(engine.name, load.value, load.signal)
+    queue.set_engine_load(
+        engine.name, load.value, load.signal, kv_usage=kv_usage, preempted=preemptions
+    )
     return reading
 
 

@@ -188,6 +188,20 @@ CLUSTER_METRICS: dict[str, tuple[str, str]] = {
         "gauge",
         "1 while a full seat bound of a class above holds the class back on the engine, else 0.",
     ),
+    "gpushare_engine_kv_budget_bytes": (
+        "gauge",
+        "The KV the engine's jobs may reserve: its whole KV cache.",
+    ),
+    "gpushare_engine_kv_admission_scale": (
+        "gauge",
+        "The share of the KV budget picks may fill: below 1 after the engine preempted, while "
+        "it predicts what requests reserve; 1 otherwise.",
+    ),
+    "gpushare_engine_kv_beyond_reserved_bytes": (
+        "gauge",
+        "The KV the engine measured in use beyond its jobs' reservations at its last reading "
+        "(growth nobody counted; only while it predicts and the reading is recent).",
+    ),
     "gpushare_gpu_utilization_ratio": (
         "gauge",
         "NVML utilization.gpu: the share of time any kernel ran, 0..1; busy with a single "
@@ -293,7 +307,10 @@ class ClusterCollector(Collector):
         info = _gauge("gpushare_cluster_info", [])
         info.add_metric([], 1)
         yield info
-        parts = (self._queue, self._seats, self._ledger, self._tenants, self._engines, self._gpus)
+        parts = (
+            self._queue, self._seats, self._kv, self._ledger, self._tenants, self._engines,
+            self._gpus,
+        )  # fmt: skip
         for part in parts:
             try:
                 yield from part()
@@ -357,6 +374,20 @@ class ClusterCollector(Collector):
                 class_seats.add_metric(values, report.class_seats(request_class))
                 held_back.add_metric(values, 1 if report.limits.get(request_class) else 0)
         yield from (target, p99, below, below_held, class_seats, held_back)
+
+    def _kv(self) -> Iterator[Metric]:
+        """Each engine's KV reservations (`FairQueue.reservation_reports`)."""
+        from scheduler.pools.policies import fair_queue
+
+        budget = _gauge("gpushare_engine_kv_budget_bytes", ["engine"])
+        scale = _gauge("gpushare_engine_kv_admission_scale", ["engine"])
+        beyond = _gauge("gpushare_engine_kv_beyond_reserved_bytes", ["engine"])
+        for report in fair_queue().reservation_reports():
+            budget.add_metric([report.engine_id], report.budget_bytes)
+            scale.add_metric([report.engine_id], report.scale)
+            if report.excess_bytes is not None:
+                beyond.add_metric([report.engine_id], report.excess_bytes)
+        yield from (budget, scale, beyond)
 
     def _ledger(self) -> Iterator[Metric]:
         from telemetry.ledger import (

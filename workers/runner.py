@@ -37,6 +37,7 @@ from django.conf import settings
 from capacity.units import UNIT_BYTES
 from fairqueue.aio import AsyncFairQueue
 from fairqueue.domain import Job
+from fairqueue.growth import Growth
 from fairqueue.inbox import Inbox, chunk_entry, event_entry
 from plumbing import wire
 from scheduler.engines.aio_client import AsyncEngineClient
@@ -184,7 +185,9 @@ async def run_job(
     if reports is not None and (job.answered or grants(run)):
         call = _granted(queue, run, client, relay, reports, result)
     else:
-        call = _call_engine(run, client, relay, result)
+        call = _call_engine(
+            run, client, relay, result, Growth(queue, job.job_id, job.attempt, job.covered_tokens)
+        )
     try:
         run.call = asyncio.ensure_future(call)
         if run.stopped:
@@ -231,7 +234,10 @@ async def _granted(
         return
     words = reports.register(job.job_id)
     try:
-        grant = {"event": "grant", "url": client.base_url, "reply": reports.key, "stamp": job.stamp}
+        grant = {
+            "event": "grant", "url": client.base_url, "reply": reports.key, "stamp": job.stamp,
+            "covered": job.covered_tokens,  # the web grows the reservation past it (Growth)
+        }  # fmt: skip
         relay.publish(run, grant)
         while True:
             try:
@@ -267,7 +273,7 @@ def _apply_report(report: Report, result: RunResult) -> None:
 
 
 async def _call_engine(
-    run: Run, client: AsyncEngineClient, relay: Relay, result: RunResult
+    run: Run, client: AsyncEngineClient, relay: Relay, result: RunResult, growth: Growth
 ) -> None:
     job, request = run.job, run.request
     path, body = engine_path(request), engine_body(request, job.request_class, job.stamp)
@@ -280,18 +286,33 @@ async def _call_engine(
             "event": "done", "body": response, "usage": _usage(result), "attempt": job.attempt
         }  # fmt: skip
         return
-    if request["endpoint"] == "responses":
-        await _relay_events(run, client.events(path, body), relay, result)
-        return
+    try:
+        if request["endpoint"] == "responses":
+            await _relay_events(run, client.events(path, body), relay, result, growth)
+        else:
+            await _relay_chunks(run, client.stream(path, body), relay, result, growth)
+    finally:
+        growth.close()
+
+
+async def _relay_chunks(
+    run: Run,
+    chunks: AsyncIterator[bytes],
+    relay: Relay,
+    result: RunResult,
+    growth: Growth,
+) -> None:
+    request = run.request
     finished = False
     include_usage = bool(request.get("include_usage"))
     loop = asyncio.get_running_loop()
     yielded_at = loop.time()
-    async for data in client.stream(path, body):
+    async for data in chunks:
         chunk = wire.loads(data)
         choices = chunk.get("choices") or []
         if result.first_token_at is None and choices:
             result.first_token_at = time.time()
+        growth.add(len(choices))
         finished = finished or any(choice.get("finish_reason") for choice in choices)
         _count_usage(result, chunk.get("usage"))
         passed_on = client_data(data, chunk, include_usage)
@@ -307,11 +328,15 @@ async def _call_engine(
         # An engine whose core died can still end the stream with [DONE] (seen when the
         # engine was killed mid-stream): without a finish reason, the answer is cut short.
         raise EngineUnavailable("the engine's stream ended without a finish reason")
-    result.done_event = {"event": "done", "usage": _usage(result), "attempt": job.attempt}
+    result.done_event = {"event": "done", "usage": _usage(result), "attempt": run.job.attempt}
 
 
 async def _relay_events(
-    run: Run, events: AsyncIterator[tuple[bytes, bytes]], relay: Relay, result: RunResult
+    run: Run,
+    events: AsyncIterator[tuple[bytes, bytes]],
+    relay: Relay,
+    result: RunResult,
+    growth: Growth,
 ) -> None:
     """A Responses stream: each event relayed as the engine wrote it (`event:` line and all),
     its usage read from its last (`scheduler.engines.calls.ResponseEvents`)."""
@@ -322,6 +347,7 @@ async def _relay_events(
         event = reading.read(data)
         if result.first_token_at is None and reading.first_output:
             result.first_token_at = time.time()
+        growth.add(reading.is_delta(event))
         relay.chunk(run, frame, event)
         if loop.time() - yielded_at >= YIELD_EVERY_S:  # as `_call_engine` does, and why
             await asyncio.sleep(0)
@@ -389,4 +415,7 @@ async def _engine_lost(
 
 
 def reserved_unit_seconds(job: Job, result: RunResult) -> float:
-    return job.kv_bytes / UNIT_BYTES * max(0.0, result.finished_at - result.started_at)
+    """The KV its engine reserved for it when picked (its worst case, or a prediction) by
+    the time it ran."""
+    reserved = job.reserved or job.kv_bytes
+    return reserved / UNIT_BYTES * max(0.0, result.finished_at - result.started_at)

@@ -14,7 +14,7 @@ local function add(t, key, amount) t[key] = (t[key] or 0) + amount end
 for _, job_id in ipairs(redis.call('ZRANGE', k_inflight(), 0, -1)) do
   local job = hgetall(k_job(job_id))
   if job.state == 'running' then
-    add(tenant_bytes, job.tenant, num(job.reserved))
+    add(tenant_bytes, job.tenant, held_bytes(job))
     add(engine_bytes, job.engine, num(job.reserved))
     add(engine_jobs, job.engine, seats(job))
     if engine_class[job.cls] then add(engine_class[job.cls], job.engine, seats(job)) end

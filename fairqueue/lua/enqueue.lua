@@ -4,7 +4,10 @@
 -- inbox ('' = none: the job's events go to its own list; see emit_raw), max_waiting (the most
 -- jobs of the tenant that may wait in the pool's queues, its classes together; 0 = no limit),
 -- summary (what the job keeps in place of its payload once it is over; '' = the payload),
--- seqs (the sequences it runs, one engine seat each; '' = 1).
+-- seqs (the sequences it runs, one engine seat each; '' = 1), kv_floor (the bytes its
+-- prompts take, with a block of output per sequence), kv_token (the bytes each token it
+-- generates adds; '' or 0: it reserves its worst case, kv_bytes, whatever the engine's mode),
+-- observed ('1' when its tokens are counted as they come, so it can grow: see job_cost).
 -- Returns {'ok', enqueued_at, deadline, '' or what summon_loop said} or
 -- {'rejected', reason, detail}.
 local job_id, tenant, pool, cls = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
@@ -23,17 +26,24 @@ local engines = redis.call('SMEMBERS', k_pool_engines(pool))
 if #engines == 0 then
   return {'rejected', 'no_engine', 'no engine serves pool ' .. pool}
 end
-local largest = 0
+local largest, predicts = 0, false
 for _, engine_id in ipairs(engines) do
-  local budget = num(redis.call('HGET', k_engine(engine_id), 'kv_budget_bytes'))
+  local fields = redis.call('HMGET', k_engine(engine_id), 'kv_budget_bytes', 'reservation')
+  local budget = num(fields[1])
   if budget > largest then largest = budget end
+  if fields[2] == 'predict' then predicts = true end
 end
+local kv_floor, kv_token = tonumber(ARGV[18] or '') or kv_bytes, tonumber(ARGV[19] or '') or 0
 if kv_bytes > largest then
   return {'rejected', 'larger_than_engine', string.format(
     'needs %d KV bytes; the largest engine of pool %s has %d', kv_bytes, pool, largest)}
 end
+-- Where a prediction may be reserved, the job needs room in the quota for its prompts only:
+-- it then holds at most quota + burst, whatever it grows to (job_cost).
 local ceiling = num(policy[1]) + num(policy[2])
-if kv_bytes > ceiling then
+local least = kv_bytes
+if predicts and kv_token > 0 then least = math.min(kv_bytes, kv_floor) end
+if least > ceiling then
   return {'rejected', 'larger_than_quota', string.format(
     'needs %d KV bytes; tenant %s may hold at most %d (quota + burst)', kv_bytes, tenant, ceiling)}
 end
@@ -51,7 +61,9 @@ redis.call('HSET', k_job(job_id), 'tenant', tenant, 'pool', pool, 'cls', cls,
   'prompt_tokens', int(prompt_tokens), 'max_tokens', int(max_tokens), 'kv_bytes', int(kv_bytes),
   'payload', payload, 'state', 'queued', 'enqueued_at', fmt(NOW), 'deadline', fmt(deadline),
   'attempt', '0', 'charged', '0', 'reserved', '0', 'inbox', ARGV[14] or '',
-  'seqs', int(math.max(1, tonumber(ARGV[17] or '1') or 1)))
+  'seqs', int(math.max(1, tonumber(ARGV[17] or '1') or 1)),
+  'kv_floor', int(math.min(kv_floor, kv_bytes)), 'kv_token', int(kv_token),
+  'observed', ARGV[20] or '')
 if (ARGV[16] or '') ~= '' then redis.call('HSET', k_job(job_id), 'summary', ARGV[16]) end
 redis.call('ZADD', k_waiting(), fmt(deadline), job_id)
 redis.call('SADD', k_pools(), pool)

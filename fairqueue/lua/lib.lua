@@ -28,6 +28,8 @@ local function k_tenants() return P .. 'tenants' end
 local function k_engine(e) return P .. 'engine:' .. e end
 local function k_engine_use(e) return P .. 'engine:' .. e .. ':use' end
 local function k_engine_ttfts(e, cls) return P .. 'engine:' .. e .. ':ttft:' .. cls end
+local function k_out_lens(pool, t) return P .. 'outlen:' .. pool .. ':' .. t end
+local function k_out_pred(pool) return P .. 'pool:' .. pool .. ':outpred' end
 local function k_engines() return P .. 'engines' end
 local function k_pool_engines(pool) return P .. 'pool:' .. pool .. ':engines' end
 local function k_pools() return P .. 'pools' end
@@ -160,12 +162,92 @@ local function seats(job)
   return n
 end
 
+-- KV reservations (docs/ARCHITECTURE.md, Reserving KV; tests/fairqueue/test_reservation.py
+-- checks each rule below). A job reserves `reserved` bytes on its engine and holds `held`
+-- bytes of its tenant's quota. An engine in the `worst` mode (the default here; the
+-- platform's settings choose `predict`) has
+-- each job reserve and hold its worst case, `kv_bytes` (its prompts and every token it may
+-- generate). In the `predict` mode a job reserves its prompts (`kv_floor`) and the output
+-- its tenant's answers in the pool have reached at quantile `out_quantile` (per sequence,
+-- and never more than it may generate), and grows while it generates past that (grow.lua).
+-- A tenant with too few answers seen yet reserves the worst case. A job whose tokens nobody
+-- counts as they come (not streamed: `observed` unset) cannot grow: it holds its worst case
+-- of its tenant's quota, while the engine's water level covers its growth there. In this
+-- mode a job holds at most its tenant's quota + burst, so one that fits it with its prompts
+-- alone can run (enqueue.lua): a tenant exceeds its quota by one job's growth at most.
+local OUT_SAMPLES = 64  -- the latest output lengths kept per pool and tenant
+local OUT_MIN_SAMPLES = 8  -- fewer: the worst case is reserved
+
+-- What a job picked for `engine` reserves there and holds of its tenant's quota (`ceiling`:
+-- its quota + burst), in bytes.
+local function job_cost(engine, job, ceiling)
+  local worst = num(job.kv_bytes)
+  local per_token = num(job.kv_token)
+  if engine.reservation ~= 'predict' or per_token <= 0 then return worst, worst end
+  local cost = worst
+  local predicted = redis.call('HGET', k_out_pred(job.pool), job.tenant)
+  if predicted then
+    local n = seats(job)
+    local out = math.min(tonumber(predicted), math.floor(num(job.max_tokens) / n))
+    cost = math.min(worst, num(job.kv_floor) + n * out * per_token)
+  end
+  if job.observed == '1' then return cost, math.min(cost, ceiling) end
+  return cost, math.min(worst, ceiling)
+end
+
+-- The KV an engine has free for picks. In the `predict` mode its budget is scaled down while
+-- it preempts (`kv_scale`, set_load.lua), and what its jobs reserve counts with what the
+-- engine's own measure of its KV in use (the water level) found beyond the reservations at
+-- the last reading (`kv_excess_bytes`: growth nobody counted); a reading older than
+-- KV_MEASURE_S counts for nothing.
+local KV_MEASURE_S = 30
+local function engine_free(engine, usage)
+  local budget, used = num(engine.kv_budget_bytes), num(usage.reserved)
+  if engine.reservation == 'predict' then
+    budget = math.floor(budget * (tonumber(engine.kv_scale) or 1))
+    if NOW - num(engine.kv_used_at) <= KV_MEASURE_S then
+      used = used + num(engine.kv_excess_bytes)
+    end
+  end
+  return budget - used
+end
+
+-- An answer's length per sequence, for its tenant's prediction in the pool: the latest
+-- OUT_SAMPLES are kept, and their quantile `quantile` is the prediction once OUT_MIN_SAMPLES
+-- are there. Kept as long as finished jobs are.
+local function observe_output(pool, tenant, per_seq, quantile)
+  local key = k_out_lens(pool, tenant)
+  redis.call('LPUSH', key, int(per_seq))
+  redis.call('LTRIM', key, 0, OUT_SAMPLES - 1)
+  redis.call('EXPIRE', key, KEEP_S)
+  local lengths = redis.call('LRANGE', key, 0, -1)
+  if #lengths < OUT_MIN_SAMPLES then return end
+  for i, v in ipairs(lengths) do lengths[i] = tonumber(v) end
+  table.sort(lengths)
+  local at = math.max(1, math.min(#lengths, math.ceil(quantile * #lengths)))
+  redis.call('HSET', k_out_pred(pool), tenant, int(lengths[at]))
+  redis.call('EXPIRE', k_out_pred(pool), KEEP_S)
+end
+
+-- The tokens (its sequences' together) a running job's reservation covers, past which it
+-- grows (grow.lua); -1: it reserves its worst case and never grows.
+local function covered_tokens(job)
+  local reserved, per_token = num(job.reserved), num(job.kv_token)
+  if per_token <= 0 or reserved >= num(job.kv_bytes) then return -1 end
+  return math.floor((reserved - num(job.kv_floor)) / per_token)
+end
+
+local function held_bytes(job)
+  if job.held and job.held ~= '' then return num(job.held) end
+  return num(job.reserved)
+end
+
 -- Gives back everything a running job holds: its bytes on the tenant and the engine, its
 -- seats on the engine (a standard or offline job's are also counted apart, in `standard` or
 -- `offline`: the seat bounds count them), its lease.
 local function give_back(job_id, job)
   local reserved = num(job.reserved)
-  redis.call('HINCRBY', k_tenant_use(job.tenant), 'reserved', int(-reserved))
+  redis.call('HINCRBY', k_tenant_use(job.tenant), 'reserved', int(-held_bytes(job)))
   redis.call('HINCRBY', k_engine_use(job.engine), 'reserved', int(-reserved))
   redis.call('HINCRBY', k_engine_use(job.engine), 'inflight', -seats(job))
   if job.cls ~= 'interactive' then
@@ -176,7 +258,7 @@ end
 
 local function free_running(job_id, job)
   give_back(job_id, job)
-  redis.call('HSET', k_job(job_id), 'reserved', '0', 'lease_deadline', '')
+  redis.call('HSET', k_job(job_id), 'reserved', '0', 'held', '0', 'lease_deadline', '')
 end
 
 -- A job that is over keeps its summary in place of its payload (the request's body can be
@@ -303,8 +385,8 @@ end
 -- estimate, in one write of the job hash. Idempotent: a job that is not running (already
 -- released, cancelled, requeued) or whose attempt is not the one given ('' = any; a stale
 -- worker after a reap) is left alone. Returns 1 when released, 0 when it was a no-op.
-local RELEASE_FIELDS = {'state', 'attempt', 'reserved', 'tenant', 'engine', 'pool', 'cls',
-                        'charged', 'charge_weight', 'seqs', 'stamp', 'picked_at'}
+local RELEASE_FIELDS = {'state', 'attempt', 'reserved', 'held', 'tenant', 'engine', 'pool',
+                        'cls', 'charged', 'charge_weight', 'seqs', 'stamp', 'picked_at'}
 -- `ttft`: the run's time to first token in seconds, for its class's controller (nil: none).
 local function release_job(job_id, prompt_tokens, completion_tokens, attempt, ttft)
   -- Only what releasing needs: the job's payload can be large.
@@ -317,8 +399,13 @@ local function release_job(job_id, prompt_tokens, completion_tokens, attempt, tt
   local seated = k_seated(job.pool, job.cls)
   if num(job.stamp) > num(redis.call('GET', seated)) then redis.call('SET', seated, job.stamp) end
   if ttft then observe_ttft(job.engine, job.cls, ttft, job.picked_at) end
+  if completion_tokens > 0 then
+    local quantile = tonumber(redis.call('HGET', k_engine(job.engine), 'out_quantile')) or 0.95
+    observe_output(job.pool, job.tenant, math.ceil(completion_tokens / seats(job)), quantile)
+  end
   local charged = move_counter(job, token_charge(job, prompt_tokens, completion_tokens))
-  redis.call('HSET', k_job(job_id), 'reserved', '0', 'lease_deadline', '', 'charged', charged,
+  redis.call('HSET', k_job(job_id), 'reserved', '0', 'held', '0', 'lease_deadline', '',
+    'charged', charged,
     'used_prompt_tokens', int(prompt_tokens), 'used_completion_tokens', int(completion_tokens),
     'state', 'done', 'reason', 'released', 'finished_at', fmt(NOW))
   drop_payload(job_id)
@@ -411,7 +498,7 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
   -- of several sequences is picked while one seat is free and takes as many as it runs: one
   -- that waited for all of them could wait for ever behind jobs of one.
   if num(usage.inflight) >= num(engine.max_num_seqs) + num(engine.queued) then return nil end
-  local free_bytes = num(engine.kv_budget_bytes) - num(usage.reserved)
+  local free_bytes = engine_free(engine, usage)
   local offline_open = offline_gate(engine, usage) == ''
 
   local clock = hgetall(k_clock(pool))
@@ -433,13 +520,14 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
     for tenant in backlogged(pool, cls) do
       local job_id, job = live_head(k_queue(pool, cls, tenant))
       if job_id then
-        local cost = num(job.kv_bytes)
+        local policy = redis.call('HMGET', k_tenant(tenant), 'quota_bytes', 'burst_bytes', 'weight')
+        local quota = num(policy[1])
+        local ceiling = quota + num(policy[2])
+        local cost, quota_cost = job_cost(engine, job, ceiling)
         if cost <= free_bytes then
-          local policy = redis.call('HMGET', k_tenant(tenant), 'quota_bytes', 'burst_bytes', 'weight')
-          local held = num(redis.call('HGET', k_tenant_use(tenant), 'reserved')) + cost
-          local quota = num(policy[1])
-          local ceiling = quota + num(policy[2])
+          local held = num(redis.call('HGET', k_tenant_use(tenant), 'reserved')) + quota_cost
           if held <= quota or (allow_burst and held <= ceiling) then
+            job.reserved, job.held = int(cost), int(quota_cost)
             return job_id, job, num(policy[3]), false
           end
           if held <= ceiling then would_burst = true end
@@ -489,19 +577,19 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
   end
   redis.call('HSET', k_clock(pool), unpack(times))
 
-  local cost = num(job.kv_bytes)
-  redis.call('HINCRBY', k_tenant_use(tenant), 'reserved', int(cost))
-  redis.call('HINCRBY', k_engine_use(engine_id), 'reserved', int(cost))
+  redis.call('HINCRBY', k_tenant_use(tenant), 'reserved', job.held)
+  redis.call('HINCRBY', k_engine_use(engine_id), 'reserved', job.reserved)
   redis.call('HINCRBY', k_engine_use(engine_id), 'inflight', seats(job))
   if cls ~= 'interactive' then redis.call('HINCRBY', k_engine_use(engine_id), cls, seats(job)) end
   local attempt = num(job.attempt) + 1
   local lease_deadline = NOW + lease_s
   job.state, job.engine, job.attempt = 'running', engine_id, int(attempt)
-  job.lease_deadline, job.reserved, job.picked_at = fmt(lease_deadline), int(cost), fmt(NOW)
+  job.lease_deadline, job.picked_at = fmt(lease_deadline), fmt(NOW)
   redis.call('HSET', k_job(job_id), 'charge_weight', job.charge_weight, 'charged', job.charged,
     'stamp', job.stamp,
     'state', job.state, 'engine', engine_id, 'attempt', job.attempt,
-    'lease_deadline', job.lease_deadline, 'reserved', job.reserved, 'picked_at', job.picked_at)
+    'lease_deadline', job.lease_deadline, 'reserved', job.reserved, 'held', job.held,
+    'picked_at', job.picked_at)
   redis.call('ZADD', k_inflight(), job.lease_deadline, job_id)
   return job_id, job
 end
@@ -513,7 +601,7 @@ local function engines_by_room(pool)
   for _, engine_id in ipairs(redis.call('SMEMBERS', k_pool_engines(pool))) do
     local engine, usage = hgetall(k_engine(engine_id)), hgetall(k_engine_use(engine_id))
     table.insert(room, {id = engine_id, engine = engine, usage = usage,
-                        free = num(engine.kv_budget_bytes) - num(usage.reserved),
+                        free = engine_free(engine, usage),
                         inflight = num(usage.inflight)})
   end
   table.sort(room, function(a, b)

@@ -33,7 +33,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from capacity.kvcost import kv_cost_bytes_of
+from capacity.kvcost import kv_cost_of
 from fairqueue.domain import JobRejected, JobState, payload_summary
 from fairqueue.queue import FairQueue
 from plumbing import wire
@@ -409,13 +409,13 @@ class _Feeder:
             "max_tokens": max_tokens * request.sequences,
             "seqs": request.sequences,
             "job_id": job_id,
-            "kv_bytes": kv_cost_bytes_of(
+            **kv_cost_of(
                 bytes_per_token=route.kv_bytes_per_token,
                 prompt_tokens=prompt_tokens,
                 max_tokens=max_tokens,
                 n=request.n,
                 block_size=route.engine.block_size,
-            ),
+            ).enqueue_fields(),
             "payload": wire.dumps(payload),
             "summary": payload_summary(payload),
         }

@@ -101,3 +101,9 @@ class ResponseEvents:
             self.counts = usage_counts(response.get("usage")) or self.counts
         self.first_output = self.first_output or kind.endswith(".delta")
         return event
+
+    @staticmethod
+    def is_delta(event: dict[str, Any]) -> int:
+        """1 for an event of generated output (a piece of text or of a call's arguments),
+        else 0: the tokens it stands for, as the reservation's growth counts them."""
+        return 1 if str(event.get("type") or "").endswith(".delta") else 0

@@ -30,7 +30,7 @@ from django.conf import settings
 from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connection
 
-from capacity.kvcost import kv_cost_bytes_of
+from capacity.kvcost import kv_cost_of
 from fairqueue.aio import AsyncFairQueue
 from fairqueue.domain import Job, JobRejected, JobState, payload_summary
 from fairqueue.inbox import Inbox, parse_event
@@ -362,7 +362,7 @@ async def _enqueue(
         "admission": admission.settling_fields(),  # flat: no deep copy, as asdict makes
         "received_at": received_at,
     }
-    kv_bytes = kv_cost_bytes_of(
+    kv = kv_cost_of(
         bytes_per_token=route.kv_bytes_per_token,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
@@ -376,7 +376,10 @@ async def _enqueue(
         "prompt_tokens": sum(prompt_tokens),
         "max_tokens": max_tokens * request.sequences,
         "seqs": request.sequences,
-        "kv_bytes": kv_bytes,
+        **kv.enqueue_fields(),
+        # A stream's tokens are counted as they come (by the worker that relays it, or the
+        # web it is granted to), so its reservation can grow past a prediction.
+        "observed": request.stream,
         "payload": wire.dumps(payload),
         "job_id": job_id,
         "inbox": state.inbox.key,

@@ -31,6 +31,7 @@ from typing import Any
 from django.conf import settings
 
 from fairqueue.aio import AsyncFairQueue
+from fairqueue.growth import Growth
 from fairqueue.inbox import parse_event
 from plumbing import wire
 from scheduler.engines.aio_client import AsyncEngineClient
@@ -118,6 +119,8 @@ class GrantedStream:
         self.url, self.reply = str(grant["url"]), str(grant["reply"])
         self.words = words  # the job's inbox queue: looked through for a newer grant
         self._report_of_events = Report()
+        covered = grant.get("covered")
+        self.growth = Growth(queue, job_id, self.attempt, -1 if covered is None else int(covered))
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         report = Report()
@@ -132,6 +135,7 @@ class GrantedStream:
                 async for data, chunk in self._chunks():
                     if first_token_at is None and chunk.get("choices"):
                         first_token_at = time.time()
+                    self.growth.add(len(chunk.get("choices") or ()))
                     counts = usage_counts(chunk.get("usage")) or counts
                     passed_on = client_data(data, chunk, bool(self.call.get("include_usage")))
                     if passed_on is not None:
@@ -146,6 +150,7 @@ class GrantedStream:
             report = Report(outcome="engine_lost", detail=str(exc))
         finally:
             alive.cancel()
+            self.growth.close()
         await self._report(report)
         if report.outcome == "success":
             usage = {
@@ -175,7 +180,7 @@ class GrantedStream:
         client = engine_client(self.url)
         reading, first_token_at = ResponseEvents(), None
         async for frame, data in client.events(engine_path(self.call), self._body()):
-            reading.read(data)
+            self.growth.add(reading.is_delta(reading.read(data)))
             if first_token_at is None and reading.first_output:
                 first_token_at = time.time()
             yield frame

@@ -32,6 +32,7 @@ from fairqueue.queue import FairQueue
 from plumbing.change_marks import ChangeMark
 from plumbing.redis import redis_client
 from scheduler.models import Engine, EngineStatus
+from scheduler.reservation.modes import pool_reservation
 from scheduler.seats.bounds import controller_settings, pool_bounds
 from scheduler.selectors import engine_ready_for_tenant, tenant_dedicated_units
 from tenants.models import Tenant
@@ -94,6 +95,7 @@ def sync_engine(engine: Engine, queue: FairQueue | None = None) -> None:
     load = queue.redis.hget(queue.keys.engine(engine.name), "load")
     pool = engine_pool(engine)
     bounds = pool_bounds(pool)
+    reservation = pool_reservation(pool)
     queue.set_engine_policy(
         EnginePolicy(
             engine_id=engine.name,
@@ -108,6 +110,8 @@ def sync_engine(engine: Engine, queue: FairQueue | None = None) -> None:
             ttft_targets_s=bounds.ttft_targets_s,
             fixed_seats_below=bounds.fixed_seats_below,
             seat_controller=controller_settings(),
+            reservation=reservation.mode,
+            output_quantile=reservation.output_quantile,
         )
     )
 

@@ -112,7 +112,8 @@ def test_a_relayed_stream_passes_each_event_on_and_charges_its_usage(cut: bool) 
     frames = STREAM[:-1] if cut else STREAM
     engine, relay = Engine(frames), Relay()
     result = runner.RunResult(outcome="success")
-    calling = runner._call_engine(run_of(call()), engine, relay, result)  # type: ignore[arg-type]
+    growth = runner.Growth(None, "j1", 1, -1)  # type: ignore[arg-type]  # never grows
+    calling = runner._call_engine(run_of(call()), engine, relay, result, growth)  # type: ignore[arg-type]
     if cut:
         with pytest.raises(EngineUnavailable, match="before its last event"):
             asyncio.run(calling)

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import redis
-from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
@@ -27,12 +26,6 @@ pytestmark = pytest.mark.django_db
 def files_dir(settings: Any, tmp_path: Path) -> Path:
     settings.GPUSHARE_BATCH_FILES_DIR = tmp_path / "files"
     return settings.GPUSHARE_BATCH_FILES_DIR
-
-
-@pytest.fixture
-def console(client: Client, staff_user: User) -> Client:
-    client.force_login(staff_user)
-    return client
 
 
 def make_batch(

@@ -123,12 +123,6 @@ def fleet(redis_db: redis.Redis) -> Fleet:
     return make_fleet(redis_db)
 
 
-@pytest.fixture
-def console(client: Client, staff_user: User) -> Client:
-    client.force_login(staff_user)
-    return client
-
-
 def _units(html: str, device: Device, kind: str) -> int:
     section = re.search(
         rf'<section class="card device" id="device-{device.pk}".*?</section>', html, re.S

@@ -3,15 +3,7 @@
 import json
 import re
 
-import pytest
-from django.contrib.auth.models import User
 from django.test import Client
-
-
-@pytest.fixture
-def console(client: Client, staff_user: User) -> Client:
-    client.force_login(staff_user)
-    return client
 
 
 def _number(page: str, element_id: str) -> int:

@@ -10,7 +10,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis
-from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
@@ -49,12 +48,6 @@ def ledger_row(
         latency_ms=int(seconds * 1000) + 20,
         finished_at=finished,
     )
-
-
-@pytest.fixture
-def console(client: Client, staff_user: User) -> Client:
-    client.force_login(staff_user)
-    return client
 
 
 @pytest.fixture

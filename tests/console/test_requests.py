@@ -7,7 +7,6 @@ import re
 from datetime import UTC, datetime
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 
 from tenants.models import Tenant, UsageRecord
@@ -16,12 +15,6 @@ from tenants.services import IssuedKey
 pytestmark = pytest.mark.django_db
 
 REQUEST_ID = "5f0c8e2a9b7d4c1e8a3f6b2d9e0c7a14"
-
-
-@pytest.fixture
-def console(client: Client, staff_user: User) -> Client:
-    client.force_login(staff_user)
-    return client
 
 
 @pytest.fixture

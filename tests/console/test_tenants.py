@@ -31,12 +31,6 @@ CONSOLE_PAGES = [
 
 
 @pytest.fixture
-def console(client: Client, staff_user: User) -> Client:
-    client.force_login(staff_user)
-    return client
-
-
-@pytest.fixture
 def member(db: None) -> User:
     return User.objects.create_user("member", "m@example.com", "pw-member", is_staff=False)
 

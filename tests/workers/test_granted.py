@@ -187,3 +187,27 @@ def test_a_stream_without_a_waiter_or_when_granting_is_off_is_relayed(
     settings.GPUSHARE_WEB_STREAMS_FROM_ENGINE = True
     assert runner.grants(Run(picked(queue)))
     assert not runner.grants(Run(picked(queue, stream=False)))
+
+
+def test_a_predicted_grant_tells_its_web_what_the_reservation_covers(queue: FairQueue) -> None:
+    queue.set_engine_policy(EnginePolicy("e1", "m", 100 * UNIT, 4, reservation="predict"))
+    for _ in range(8):  # the tenant's answers: 3 tokens each
+        job = picked(queue)
+        assert queue.release(job.job_id, 5, 3)
+    inbox = queue.keys.inbox("test-waiter")
+    payload = {
+        "inbox": inbox, "endpoint": "chat", "stream": True, "tenant_id": 1, "model": "m",
+        "body": {"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
+    }  # fmt: skip
+    queue.redis.delete(inbox)
+    queue.enqueue_summoning(
+        tenant="acme", pool="m", request_class="interactive", prompt_tokens=5, max_tokens=100,
+        kv_bytes=UNIT, kv_floor=UNIT // 2, kv_token=1000, observed=True,
+        payload=json.dumps(payload), inbox=inbox,
+    )  # fmt: skip
+    job = queue.pick("m", "e1")
+    assert job is not None
+    assert job.reserved == UNIT // 2 + 3 * 1000
+    report = Report(prompt_tokens=5, completion_tokens=3)
+    _, events = run_granted(queue, job, reporting(report))
+    assert events[0]["covered"] == 3

@@ -1,4 +1,4 @@
-"""`manage.py pool create|set|add-engines|show|tick|targets`: hot and cold engine pools.
+"""`manage.py pool create|set|add-engines|show|tick|targets|reservation`: engine pools.
 
 A pool is the shared engines of one served model: `hot_size` always run, up to `cold_max`
 more are started by the scaler (`workers.scaler_tick`, on the workers' ticker) when the online
@@ -7,7 +7,9 @@ Engines are registered from the pool's launch profile with `add-engines`; the sc
 starts and stops registered engines. `show` prints the pool, its engines and the latest
 decisions with their reasons; `tick` runs the scaler once, now. `targets` sets a pool's
 seat bounds (TTFT targets, fixed seats for the classes below) in place of the settings', and
-shows each engine's bounds, measured p99 and seats by class.
+shows each engine's bounds, measured p99 and seats by class. `reservation` sets what the
+pool's requests reserve of the KV (the worst case, or a prediction) in place of the settings',
+and shows each engine's budget and reservations and each tenant's predicted output.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from scheduler.gpu_inventory import node_name
 from scheduler.models import Pool, ScalingDecision
 from scheduler.pools.policies import fair_queue, sync_pool_engines
 from scheduler.pools.scaler import scaler_tick
+from scheduler.reservation.modes import pool_reservation, pool_reservation_set
+from scheduler.reservation.report import engine_line as reservation_engine_line
+from scheduler.reservation.report import mode_line, pool_reservation_dict
 from scheduler.seats.bounds import pool_bounds, pool_targets_set
 from scheduler.seats.report import bounds_line, engine_line, pool_seats_dict
 from scheduler.selectors import (
@@ -148,6 +153,17 @@ class Command(BaseCommand):
             help="seats the classes below each class may hold, fixed",
         )  # fmt: skip
         targets.add_argument("--json", action="store_true")
+        reservation = sub.add_parser(
+            "reservation",
+            help="what a pool's requests reserve of the KV (worst case or a prediction), and "
+            "each engine's budget, reservations and each tenant's predicted output",
+        )
+        reservation.add_argument("name", nargs="?", help="pool id (served model name); all: none")
+        reservation.add_argument(
+            "--mode", choices=["predict", "worst", INHERIT],
+            help="the pool's own mode; inherit: GPUSHARE_KV_RESERVATION's",
+        )  # fmt: skip
+        reservation.add_argument("--json", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
         action = options["action"]
@@ -171,6 +187,8 @@ class Command(BaseCommand):
                 self._show_all(options)
             elif action == "targets":
                 self._targets(options)
+            elif action == "reservation":
+                self._reservation(options)
             else:
                 self.stdout.write(json.dumps(scaler_tick()))
         except DomainError as exc:
@@ -197,6 +215,34 @@ class Command(BaseCommand):
             self.stdout.write(f"{pool}: {bounds_line(bounds)}")
             for report in (r for r in reports if r.pool == pool):
                 self.stdout.write(f"  {report.engine_id}: {engine_line(report)}")
+
+    def _reservation(self, options: dict[str, Any]) -> None:
+        name, mode = options["name"], options["mode"]
+        if mode is not None:
+            if not name:
+                raise CommandError("Name the pool whose reservation mode to set.")
+            pool_reservation_set(pool=name, mode=None if mode == INHERIT else mode)
+            sync_pool_engines(name)
+        queue = fair_queue()
+        reports = queue.reservation_reports(pool=name or None)
+        pools = sorted({name} if name else {r.pool for r in reports})
+        if options["json"]:
+            data = [
+                pool_reservation_dict(
+                    pool, pool_reservation(pool), reports, queue.output_predictions(pool)
+                )
+                for pool in pools
+            ]
+            self.stdout.write(json.dumps(data, indent=2))
+            return
+        for pool in pools:
+            self.stdout.write(f"{pool}: {mode_line(pool_reservation(pool))}")
+            for report in (r for r in reports if r.pool == pool):
+                self.stdout.write(f"  {report.engine_id}: {reservation_engine_line(report)}")
+            predictions = queue.output_predictions(pool)
+            if predictions:
+                listed = ", ".join(f"{t} {n}" for t, n in sorted(predictions.items()))
+                self.stdout.write(f"  predicted output tokens per sequence: {listed}")
 
     def _fields(self, options: dict[str, Any]) -> dict[str, Any]:
         return {

@@ -1,0 +1,35 @@
+-- A running job generated past what its reservation covers (covered_tokens): its
+-- reservation grows to cover as many tokens again (its worst case at most), on its engine
+-- and, where it holds what it reserves (`observed`), of its tenant's quota up to quota +
+-- burst. A grown reservation is not checked against the engine's room: the job runs already,
+-- and the engine's water level holds the next picks back (engine_free).
+-- ARGV[4..]: job_id, attempt, tokens (generated so far, its sequences together).
+-- Returns the tokens the reservation covers now (-1: its worst case, it never grows again),
+-- or -2 when the job is not this attempt's running job any more.
+local job_id, attempt, tokens = ARGV[4], ARGV[5], tonumber(ARGV[6])
+local names = {'state', 'attempt', 'reserved', 'held', 'kv_bytes', 'kv_floor', 'kv_token',
+               'observed', 'tenant', 'engine'}
+local values = redis.call('HMGET', k_job(job_id), unpack(names))
+local job = {}
+for i, name in ipairs(names) do job[name] = values[i] end
+if job.state ~= 'running' or job.attempt ~= attempt then return -2 end
+local covered = covered_tokens(job)
+if covered < 0 or tokens <= covered then return covered end
+local reserved = num(job.reserved)
+local grown = math.min(num(job.kv_bytes), num(job.kv_floor) + 2 * tokens * num(job.kv_token))
+if grown <= reserved then return covered end
+local fields = {'reserved', int(grown)}
+redis.call('HINCRBY', k_engine_use(job.engine), 'reserved', int(grown - reserved))
+if job.observed == '1' then
+  local policy = redis.call('HMGET', k_tenant(job.tenant), 'quota_bytes', 'burst_bytes')
+  local held = held_bytes(job)
+  local new_held = math.max(held, math.min(grown, num(policy[1]) + num(policy[2])))
+  if new_held ~= held then
+    redis.call('HINCRBY', k_tenant_use(job.tenant), 'reserved', int(new_held - held))
+    table.insert(fields, 'held')
+    table.insert(fields, int(new_held))
+  end
+end
+redis.call('HSET', k_job(job_id), unpack(fields))
+job.reserved = int(grown)
+return covered_tokens(job)
