@@ -1,8 +1,8 @@
 -- A running job generated past what its reservation covers (covered_tokens): its
 -- reservation grows to cover as many tokens again (its worst case at most), on its engine
--- and, where it holds what it reserves (`observed`), of its tenant's quota up to quota +
--- burst. A grown reservation is not checked against the engine's room: the job runs already,
--- and the engine's water level holds the next picks back (engine_free).
+-- and, for a job whose growth is counted (`observed`), of its tenant's quota. A growth is
+-- not checked against the engine's room nor the tenant's quota: the job runs already (only
+-- the engine could stop it), and both hold the next picks back until they have room again.
 -- ARGV[4..]: job_id, attempt, tokens (generated so far, its sequences together).
 -- Returns the tokens the reservation covers now (-1: its worst case, it never grows again),
 -- or -2 when the job is not this attempt's running job any more.
@@ -21,14 +21,9 @@ if grown <= reserved then return covered end
 local fields = {'reserved', int(grown)}
 redis.call('HINCRBY', k_engine_use(job.engine), 'reserved', int(grown - reserved))
 if job.observed == '1' then
-  local policy = redis.call('HMGET', k_tenant(job.tenant), 'quota_bytes', 'burst_bytes')
-  local held = held_bytes(job)
-  local new_held = math.max(held, math.min(grown, num(policy[1]) + num(policy[2])))
-  if new_held ~= held then
-    redis.call('HINCRBY', k_tenant_use(job.tenant), 'reserved', int(new_held - held))
-    table.insert(fields, 'held')
-    table.insert(fields, int(new_held))
-  end
+  redis.call('HINCRBY', k_tenant_use(job.tenant), 'reserved', int(grown - reserved))
+  table.insert(fields, 'held')
+  table.insert(fields, int(held_bytes(job) + grown - reserved))
 end
 redis.call('HSET', k_job(job_id), unpack(fields))
 job.reserved = int(grown)

@@ -173,8 +173,9 @@ end
 -- A tenant with too few answers seen yet reserves the worst case. A job whose tokens nobody
 -- counts as they come (not streamed: `observed` unset) cannot grow: it holds its worst case
 -- of its tenant's quota, while the engine's water level covers its growth there. In this
--- mode a job holds at most its tenant's quota + burst, so one that fits it with its prompts
--- alone can run (enqueue.lua): a tenant exceeds its quota by one job's growth at most.
+-- mode a job is picked holding at most its tenant's quota + burst, so one that fits it with
+-- its prompts alone can run (enqueue.lua). A tenant passes its quota + burst only by the
+-- growth of its running jobs past their predictions, and is picked nothing meanwhile.
 local OUT_SAMPLES = 64  -- the latest output lengths kept per pool and tenant
 local OUT_MIN_SAMPLES = 8  -- fewer: the worst case is reserved
 

@@ -244,3 +244,25 @@ def test_the_worst_case_mode_ignores_the_water_level(fq: FairQueue) -> None:
 def test_an_engine_policy_refuses_an_unknown_mode() -> None:
     with pytest.raises(ValueError, match="reservation mode"):
         replace(engine(), reservation="optimistic")
+
+
+def test_a_tenant_whose_jobs_grow_past_its_quota_is_picked_nothing_until_back_under(
+    fq: FairQueue,
+) -> None:
+    fq.set_tenant_policy("a", TenantPolicy(1, PLENTY))
+    fq.set_engine_policy(engine())
+    teach(fq, [50] * 8)
+    cost = FLOOR + 50 * TOKEN
+    fq.set_tenant_policy("a", TenantPolicy(1, 2 * cost + 10 * TOKEN))
+    first, second, third = submit(fq), submit(fq), submit(fq)
+    picked = pick_all(fq)
+    assert [job.job_id for job in picked] == [first.job_id, second.job_id]
+    assert fq.grow(first.job_id, picked[0].attempt, 60, now=2) == 120
+    # Its quota shows what its jobs hold, growth and all: past the quota by that growth.
+    assert tenant_reserved(fq) == 2 * cost + 70 * TOKEN
+    assert fq.pick("p", "e1", now=3) is None
+    fq.release(first.job_id, 90, 60, now=4)  # the prediction is 60 now: 10 more a job
+    job = fq.pick("p", "e1", now=5)
+    assert job is not None
+    assert job.job_id == third.job_id
+    assert fq.check().ok
