@@ -30,9 +30,10 @@ The engine (stated at the top of every run, with what its /metrics say):
   step, 1/--mean-output (default 1/200), so with temperature 1 (sent by every request)
   answers have a geometric length distribution of mean ~200 (p50 ~0.7x, p95 ~3x the mean),
   whatever max_tokens; the client never sends max_tokens in the `no-max` cells. Measured and
-  printed at the start: --length-requests requests at --max-num-seqs concurrent, straight to
-  the engine, each to its end (on this machine: mean 200-250, p50 ~150-200, p95 ~600-800,
-  max ~1,000-1,400, none cut at the model's length).
+  printed as each mode's engine starts (which also warms it up): --length-requests requests
+  at --max-num-seqs concurrent, straight to the engine, each to its end, the same seeds each
+  time (on this machine: mean ~195, p50 ~125, p95 ~580, p99 ~1,240, max ~1,300 of 200, none
+  cut at the model's length).
 
 The load: 4 tenants of equal weight, new ones for every cell (rsv<cell>-t1..t4, made with
 the services `manage.py tenant create` uses, as bench/seats.py makes its tenants, so that no
@@ -91,19 +92,25 @@ against bench/stand_in/instant.py (answers at once; it needs max_tokens, so 256)
 max_tokens, predict's platform/alone ratio >= 0.95 at 32 and 64 concurrent (worst's beside
 it), preemptions <= 1 per 1,000 requests, no request failed for memory, Jain >= 0.99.
 
-    .venv/bin/python bench/reservation.py                                   # ~25 min
-    .venv/bin/python bench/reservation.py --modes worst --duration 10 --warmup 5 \\
-        --length-requests 64 --concurrencies 8,32                           # ~6 min
-    .venv/bin/python bench/reservation.py --engine-alone first              # ~21 min
+    .venv/bin/python bench/reservation.py                                   # ~22 min
+    .venv/bin/python bench/reservation.py --duration 10 --warmup 6 \\
+        --length-requests 64                                                # ~10 min
+    .venv/bin/python bench/reservation.py --modes worst --duration 10 --warmup 6 \\
+        --length-requests 64                                                # ~5 min
+    .venv/bin/python bench/reservation.py --engine-alone first              # ~18 min
 
-Until the predicted mode exists, GPUSHARE_KV_RESERVATION is ignored and both modes run the
-worst case. On 2 cores the client, the platform, Redis and the engine share the CPU: the
-engine gets ~1.2 cores, the client ~0.3-0.45, the platform ~0.1-0.15, and the engine's
+The fair queue's own mode is printed with each platform cell (`reservation` on its engine in
+Redis): a checkout without the predicted mode ignores GPUSHARE_KV_RESERVATION and runs the
+worst case twice. On 2 cores the client, the platform, Redis and the engine share the CPU:
+the engine gets ~1.2 cores, the client ~0.3-0.45, the platform ~0.1-0.15, and the engine's
 throughput grows only ~1.3-1.5x from 8 to 32 running requests (a GPU's grows nearly
 linearly), so the throughput the worst case loses here understates a GPU's; the running
-counts are the direct measure. Rerun on a quiet machine before quoting figures. Raw
-results (every cell, every sample) go to var/bench/reservation-DATE/results.json, the
-platform's logs beside it (printed at the top). Ctrl-C or SIGTERM stops what it started.
+counts are the direct measure. Cells where both sides run as many requests (c=8, and
+max_tokens 256) put platform/alone between 0.95 and 1.12 in one run: a ratio is good to
+about +-5-10% here, too coarse to tell 0.93 from 0.95. Rerun on a quiet machine before
+quoting figures. Raw results (every cell, every sample) go to
+var/bench/reservation-DATE/results.json, the platform's logs beside it (printed at the top).
+Ctrl-C or SIGTERM stops what it started.
 """
 
 from __future__ import annotations
@@ -950,16 +957,16 @@ def measure_mode(
                 dict.fromkeys(TENANTS, engine.auth["Authorization"][7:]),
                 extra_body={"priority": ENGINE_PRIORITY[REQUEST_CLASS]},
             )
-            if args.length_requests and "lengths" not in results:
+            seen: dict[str, Any] = {}
+            if args.length_requests:  # in every mode: it also warms the new engine up
                 say(
                     f"{elapsed()} output lengths without max_tokens: {args.length_requests} "
                     f"requests, {args.max_num_seqs} at once, straight to the engine"
                 )
-                lengths = asyncio.run(measure_lengths(args, engine, alone))
-                results["lengths"] = lengths
-                print_lengths(lengths)
+                seen = asyncio.run(measure_lengths(args, engine, alone))
+                results.setdefault("lengths", {})[mode] = seen
+                print_lengths(seen)
                 save()
-            seen = results.get("lengths") or {}
             pids = process_ids(bench)
             say(f"processes for CPU: {', '.join(f'{n} {p}' for n, p in pids.items())}")
             for (kind, concurrency), mine in zip(cells, tenants, strict=True):
