@@ -43,6 +43,6 @@ class Growth:
         self.covered = -1 if covered < -1 else covered  # -2: the job is not ours any more
 
     def close(self) -> None:
-        """The stream is over: a grow still in flight is left to finish (the release that
-        follows takes everything back, grown or not)."""
+        """The stream is over: nothing grows any more. A grow still in flight may land or
+        not; the release that follows takes back what the job holds either way."""
         self.covered = -1

@@ -180,20 +180,22 @@ local OUT_SAMPLES = 64  -- the latest output lengths kept per pool and tenant
 local OUT_MIN_SAMPLES = 8  -- fewer: the worst case is reserved
 
 -- What a job picked for `engine` reserves there and holds of its tenant's quota (`ceiling`:
--- its quota + burst), in bytes.
+-- its quota + burst), in bytes, and the tokens it is expected to generate (its sequences'
+-- together: what the pick charges its tenant's counter until the release charges the real
+-- ones).
 local function job_cost(engine, job, ceiling)
-  local worst = num(job.kv_bytes)
+  local worst, out = num(job.kv_bytes), num(job.max_tokens)
   local per_token = num(job.kv_token)
-  if engine.reservation ~= 'predict' or per_token <= 0 then return worst, worst end
+  if engine.reservation ~= 'predict' or per_token <= 0 then return worst, worst, out end
   local cost = worst
   local predicted = redis.call('HGET', k_out_pred(job.pool), job.tenant)
   if predicted then
     local n = seats(job)
-    local out = math.min(tonumber(predicted), math.floor(num(job.max_tokens) / n))
-    cost = math.min(worst, num(job.kv_floor) + n * out * per_token)
+    out = n * math.min(tonumber(predicted), math.floor(out / n))
+    cost = math.min(worst, num(job.kv_floor) + out * per_token)
   end
-  if job.observed == '1' then return cost, math.min(cost, ceiling) end
-  return cost, math.min(worst, ceiling)
+  if job.observed == '1' then return cost, math.min(cost, ceiling), out end
+  return cost, math.min(worst, ceiling), out
 end
 
 -- The KV an engine has free for picks. In the `predict` mode its budget is scaled down while
@@ -524,12 +526,12 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
         local policy = redis.call('HMGET', k_tenant(tenant), 'quota_bytes', 'burst_bytes', 'weight')
         local quota = num(policy[1])
         local ceiling = quota + num(policy[2])
-        local cost, quota_cost = job_cost(engine, job, ceiling)
+        local cost, quota_cost, out = job_cost(engine, job, ceiling)
         if cost <= free_bytes then
           local held = num(redis.call('HGET', k_tenant_use(tenant), 'reserved')) + quota_cost
           if held <= quota or (allow_burst and held <= ceiling) then
             job.reserved, job.held = int(cost), int(quota_cost)
-            return job_id, job, num(policy[3]), false
+            return job_id, job, num(policy[3]), false, out
           end
           if held <= ceiling then would_burst = true end
         end
@@ -541,19 +543,19 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
   local function choose()
     local burst_possible = false
     for _, entry in ipairs(order) do
-      local job_id, job, weight, would_burst = candidate(entry.cls, false)
-      if job_id then return job_id, job, weight end
+      local job_id, job, weight, would_burst, out = candidate(entry.cls, false)
+      if job_id then return job_id, job, weight, out end
       burst_possible = burst_possible or would_burst
     end
     if not burst_possible then return nil end
     for _, entry in ipairs(order) do
-      local job_id, job, weight = candidate(entry.cls, true)
-      if job_id then return job_id, job, weight end
+      local job_id, job, weight, _, out = candidate(entry.cls, true)
+      if job_id then return job_id, job, weight, out end
     end
     return nil
   end
 
-  local job_id, job, weight = choose()
+  local job_id, job, weight, out = choose()
   if not job_id then return nil end
   local cls, tenant = job.cls, job.tenant
 
@@ -562,7 +564,7 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
   if weight <= 0 then weight = 1 end
   job.stamp = fmt(get_counter(pool, cls, tenant))
   job.charge_weight = fmt(weight)
-  job.charged = move_counter(job, token_charge(job, num(job.prompt_tokens), num(job.max_tokens)))
+  job.charged = move_counter(job, token_charge(job, num(job.prompt_tokens), out))
   unqueue(job_id, job)
 
   -- The chosen class advances by 1/weight. Classes behind it had nothing admissible (empty,

@@ -266,3 +266,15 @@ def test_a_tenant_whose_jobs_grow_past_its_quota_is_picked_nothing_until_back_un
     assert job is not None
     assert job.job_id == third.job_id
     assert fq.check().ok
+
+
+@pytest.mark.usefixtures("tenant")
+@pytest.mark.parametrize(("mode", "charged"), [("predict", 90 + 2 * 100), ("worst", 90 + 2000)])
+def test_a_pick_charges_the_output_it_reserves_for(fq: FairQueue, mode: str, charged: int) -> None:
+    fq.set_engine_policy(engine(mode))
+    teach(fq, [100] * 8)
+    submit(fq)
+    job = fq.pick("p", "e1", now=1)
+    assert job is not None
+    # The tenant's counter carries the expected tokens until the release charges the real.
+    assert job.charged == charged
