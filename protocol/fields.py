@@ -3,7 +3,7 @@
 Engines are shared, so a field that changes what one request costs the engine outside its KV
 reservation, or that reaches a part of vLLM with a history of engine-killing bugs, is not a
 tenant's to send: full-vocabulary prompt logprobs (`prompt_logprobs`, and `echo` with
-`logprobs` on completions), a chat template of the client's (`chat_template`,
+`logprobs`, on chat and completions), a chat template of the client's (`chat_template`,
 `chat_template_kwargs`), vLLM's request plumbing (`kv_transfer_params`, `vllm_xargs`,
 `request_id`, `logits_processors`, `mm_processor_kwargs`, `media_io_kwargs`), grammars other
 than OpenAI's `response_format` (`structured_outputs`, `guided_*`). Each endpoint has its list
@@ -86,6 +86,18 @@ def _text(max_chars: int) -> Check:
     return check
 
 
+def _label(max_chars: int) -> Check:
+    """A name the ledger keeps (OpenAI's `user`): text without control characters. A NUL is
+    text no PostgreSQL column holds, and would stop the ledger's batched writes."""
+
+    def check(value: Any) -> str | None:
+        fine = isinstance(value, str) and len(value) <= max_chars
+        fine = fine and not any(ord(c) < 32 or c == "\x7f" for c in value)
+        return None if fine else f"a string of at most {max_chars} characters, none a control"
+
+    return check
+
+
 def _stop(value: Any) -> str | None:
     texts = [value] if isinstance(value, str) else value
     fine = (
@@ -146,7 +158,7 @@ def _stream_options(value: Any) -> str | None:
 COMMON_FIELDS: dict[str, Check] = {
     "model": _any, "max_tokens": _any, "n": _any, "stream": _any, "stream_options":
     _stream_options, "temperature": _any, "top_p": _any, "presence_penalty": _any,
-    "frequency_penalty": _any, "seed": _any, "stop": _stop, "user": _text(MAX_USER_CHARS),
+    "frequency_penalty": _any, "seed": _any, "stop": _stop, "user": _label(MAX_USER_CHARS),
     "logit_bias": _logit_bias, "request_class": _any, "service_tier": _any,
     # vLLM's sampling extras that cost nothing outside the request's own KV.
     "top_k": _int_in(-1, 1_000_000), "min_p": _number_in(0, 1),
@@ -238,7 +250,7 @@ def _metadata(value: Any) -> str | None:
 RESPONSES_FIELDS: dict[str, Check] = {
     "model": _any, "input": _any, "instructions": _any, "max_output_tokens": _any,
     "stream": _any, "temperature": _any, "top_p": _any, "presence_penalty": _any,
-    "frequency_penalty": _any, "seed": _any, "user": _text(MAX_USER_CHARS),
+    "frequency_penalty": _any, "seed": _any, "user": _label(MAX_USER_CHARS),
     "logit_bias": _logit_bias, "request_class": _any, "service_tier": _any,
     "top_logprobs": _int_in(0, MAX_TOP_LOGPROBS), "tools": _response_tools,
     "tool_choice": _tool_choice, "parallel_tool_calls": _bool, "text": _text_config,
@@ -257,7 +269,7 @@ RESPONSES_FIELDS: dict[str, Check] = {
 
 # Embeddings: OpenAI's fields (no sampling: nothing is generated) and the platform's own.
 EMBEDDINGS_FIELDS: dict[str, Check] = {
-    "model": _any, "input": _any, "user": _text(MAX_USER_CHARS), "encoding_format": _one_of(
+    "model": _any, "input": _any, "user": _label(MAX_USER_CHARS), "encoding_format": _one_of(
     "float", "base64"), "dimensions": _int_in(1, 1_000_000), "request_class": _any,
     "service_tier": _any, "priority": _any, "cache_salt": _any,
 }  # fmt: skip
@@ -308,14 +320,16 @@ def field_problem(
         must = check(value)
         if must is not None:
             return name, f"'{name}' must be {must}."
-    prompt_logprobs = "prompt_logprobs" in enabled
-    if (
-        endpoint == "completions"
-        and body.get("echo")
-        and body.get("logprobs") is not None
-        and not prompt_logprobs
-    ):
+    if "prompt_logprobs" not in enabled and body.get("echo") and _asks_logprobs(endpoint, body):
         # The prompt's logprobs: the engine computes them over the whole vocabulary for every
         # prompt token, outside any KV reservation.
         return "echo", "'echo' cannot be combined with 'logprobs' on this platform."
     return None
+
+
+def _asks_logprobs(endpoint: str, body: Mapping[str, Any]) -> bool:
+    """Whether the request asks for logprobs: on completions a number (0 included), on chat
+    `true`; with `echo`, either makes the engine compute the prompt's logprobs too."""
+    if endpoint == "completions":
+        return body.get("logprobs") is not None
+    return endpoint == "chat" and body.get("logprobs") is True

@@ -254,7 +254,12 @@ def test_fields_the_shared_engine_must_not_take_from_a_tenant_are_refused_by_nam
         ("chat", {"logprobs": 5}, "logprobs"),
         ("completions", {"logprobs": 21}, "logprobs"),
         ("completions", {"echo": True, "logprobs": 1}, "echo"),  # the prompt's logprobs
+        ("completions", {"echo": True, "logprobs": 0}, "echo"),
+        ("chat", {"echo": True, "logprobs": True}, "echo"),
+        ("chat", {"echo": True, "logprobs": True, "top_logprobs": 0}, "echo"),
         ("completions", {"best_of": 4}, "best_of"),
+        ("chat", {"user": "a\x00b"}, "user"),  # no ledger on PostgreSQL could keep it
+        ("completions", {"user": "tab\there"}, "user"),
         ("chat", {"logit_bias": {str(i): 1 for i in range(301)}}, "logit_bias"),
         ("chat", {"logit_bias": {"5": 101}}, "logit_bias"),
         ("chat", {"logit_bias": {"word": 1}}, "logit_bias"),
@@ -345,6 +350,13 @@ def test_a_field_an_operator_enabled_for_the_tenant_is_taken_within_its_bounds()
     assert bounded.value.param == "prompt_logprobs"
     echo = {"model": "m", "prompt": "hi", "echo": True, "logprobs": 1}
     assert parse_inference_request("completions", echo, ["prompt_logprobs"]).body == echo
+    chat_echo = {**CHAT, "echo": True, "logprobs": True}
+    assert parse_inference_request("chat", chat_echo, ["prompt_logprobs"]).body == chat_echo
+
+
+def test_chat_echo_without_logprobs_is_served() -> None:
+    for body in ({**CHAT, "echo": True}, {**CHAT, "echo": True, "logprobs": False}):
+        assert parse_inference_request("chat", body).body == body
 
 
 def test_a_request_of_more_sequences_than_allowed_is_refused_naming_what_to_lower() -> None:
