@@ -36,7 +36,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from django.db import connection
+from django.db import DataError, connection, transaction
 from django.db.models import Field
 
 from plumbing.redis import redis_client
@@ -53,9 +53,10 @@ FLUSH_BATCH = 500
 def end_user(body: Mapping[str, Any]) -> str:
     """The end user a request's body names (OpenAI's `user`), as its ledger row keeps it:
     '' when none. The body was checked when the request came (a string of at most 256
-    characters, or null); the cut only keeps a row the column cannot hold out of the batch."""
+    characters without control characters, or null); the cut and the NUL's removal only keep
+    a row the column cannot hold out of the batch."""
     user = body.get("user")
-    return user[:MAX_USER_CHARS] if isinstance(user, str) else ""
+    return user[:MAX_USER_CHARS].replace("\x00", "") if isinstance(user, str) else ""
 
 
 def usage_push(fields: dict[str, Any]) -> None:
@@ -129,6 +130,30 @@ def _insert(rows: Sequence[list[Any]]) -> None:
             )
 
 
+def _insert_or_skip(rows: Sequence[list[Any]]) -> int:
+    """`_insert`, and where the database refuses the batch for what a row holds (a value its
+    column cannot take), each row alone: the refused ones are logged and dropped, so one bad
+    row never stops the ledger of every tenant. A database that is down raises as before.
+    Returns the rows written."""
+    try:
+        with transaction.atomic():
+            _insert(rows)
+        return len(rows)
+    except DataError as exc:
+        log.error(
+            "the ledger refused a batch of %d rows (%s); writing them one by one", len(rows), exc
+        )
+    written = 0
+    for row in rows:
+        try:
+            with transaction.atomic():
+                _insert([row])
+            written += 1
+        except DataError as exc:
+            log.error("dropping a usage row the ledger refuses %r: %s", row[:4], exc)
+    return written
+
+
 def usage_flush(*, max_batches: int = 20) -> int:
     """Moves pending rows to the ledger; returns how many. One flusher at a time (a lock), so
     the trim after an insert removes exactly what was inserted."""
@@ -150,9 +175,8 @@ def usage_flush(*, max_batches: int = 20) -> int:
                     rows.append(_values(json.loads(item, parse_constant=_no_constant)))
                 except (ValueError, TypeError, KeyError) as exc:  # must not block the rest
                     log.error("dropping a malformed usage row %r: %s", item[:200], exc)
-            _insert(rows)
+            written += _insert_or_skip(rows)
             client.ltrim(PENDING_KEY, len(raw), -1)
-            written += len(rows)
     finally:
         client.delete(FLUSH_LOCK_KEY)
     return written

@@ -172,6 +172,29 @@ def test_the_longest_end_user_a_request_may_name_is_kept_whole(owner, redis_db):
     assert UsageRecord.objects.get(request_id="long").end_user == longest
 
 
+def test_a_row_the_database_refuses_is_dropped_alone_and_the_ledger_goes_on(owner, redis_db):
+    """A NUL is text no PostgreSQL column holds (SQLite takes it): the batch is refused
+    whole there, and then written row by row, the refused row dropped. The flush after it
+    finds the ledger moving, not the same batch again."""
+    usage_push(fields(owner, "before"))
+    usage_push(fields(owner, "nul", end_user="a\x00b", model="m\x00"))
+    usage_push(fields(owner, "after"))
+    written = usage_flush()
+    assert redis_db.llen(PENDING_KEY) == 0
+    kept = set(UsageRecord.objects.values_list("request_id", flat=True))
+    assert {"before", "after"} <= kept
+    if connection.vendor == "postgresql":
+        assert (written, kept) == (2, {"before", "after"})
+    usage_push(fields(owner, "next"))
+    assert usage_flush() == 1
+
+
+def test_a_request_s_end_user_never_holds_a_nul(owner, redis_db):
+    usage_push(fields(owner, "u", end_user=end_user({"user": "x\x00y"})))
+    assert usage_flush() == 1
+    assert UsageRecord.objects.get(request_id="u").end_user == "xy"
+
+
 @pytest.mark.parametrize(("body", "kept"), [({}, ""), ({"user": None}, ""), ({"user": "u1"}, "u1")])
 def test_a_body_without_a_user_is_kept_as_nobody(body, kept):
     assert end_user(body) == kept
@@ -221,7 +244,7 @@ def test_on_postgresql_each_batch_is_one_short_statement_whatever_its_size(owner
     statements = []
 
     def record(execute, sql, params, many, context):
-        statements.append((sql, len(params)))
+        statements.append((sql, len(params or ())))
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(record):
