@@ -342,6 +342,9 @@ GPUSHARE_TENANT_MAX_WAITING = env_int("GPUSHARE_TENANT_MAX_WAITING", 1024)
 # The most sequences one request may run: n samples of each of its prompts (a completion's
 # prompt may be a list). Each takes an engine seat and its own KV reservation.
 GPUSHARE_MAX_SEQUENCES_PER_REQUEST = env_int("GPUSHARE_MAX_SEQUENCES_PER_REQUEST", 64)
+# The most one answer not streamed (or one event of a stream) may take: a request whose answer
+# could pass it is refused before it runs, and an answer that passes it anyway is ended.
+GPUSHARE_MAX_ANSWER_BYTES = env_int("GPUSHARE_MAX_ANSWER_BYTES", 32 * 1024 * 1024)
 # How long a request's body may take to arrive whole (plumbing/body_deadline.py): a 200 MB
 # batch upload needs 2 MB/s to make it.
 GPUSHARE_BODY_TIMEOUT_S = env_float("GPUSHARE_BODY_TIMEOUT_S", 120.0)

@@ -368,6 +368,36 @@ def _max_tokens(body: dict[str, Any]) -> int | None:
     return asked
 
 
+# What an answer's JSON takes per token generated, at most in practice: its text (escaped) and,
+# with logprobs, each candidate's entry (its token, its UTF-8 bytes as a list, its logprob);
+# and per sequence, the choice around them (docs/SECURITY.md, the answer's size).
+ANSWER_TEXT_BYTES_PER_TOKEN = 32
+ANSWER_LOGPROB_BYTES = 160
+ANSWER_SEQUENCE_BYTES = 1024
+
+
+def logprob_candidates(request: InferenceRequest) -> int:
+    """The logprob entries the answer has per token generated: 0 without logprobs, else the
+    sampled token's and its `top_logprobs` (completions: `logprobs` is the count)."""
+    body = request.body
+    if request.endpoint == "completions":
+        asked = body.get("logprobs")
+        return 0 if asked is None else 1 + int(asked)
+    if request.endpoint == "chat" and body.get("logprobs") is not True:
+        return 0
+    if request.endpoint == "responses" and body.get("top_logprobs") is None:
+        return 0
+    return 1 + int(body.get("top_logprobs") or 0)
+
+
+def answer_bytes_bound(request: InferenceRequest, max_tokens: int) -> int:
+    """About the most an answer of `max_tokens` per sequence takes as JSON: a request whose
+    bound passes what the platform holds of one answer is refused before it runs, unless it
+    is streamed (each chunk then holds a token per sequence)."""
+    per_token = ANSWER_TEXT_BYTES_PER_TOKEN + logprob_candidates(request) * ANSWER_LOGPROB_BYTES
+    return request.sequences * (ANSWER_SEQUENCE_BYTES + max_tokens * per_token)
+
+
 def _check_sampling(body: dict[str, Any]) -> None:
     bounds = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "presence_penalty": (-2.0, 2.0),
               "frequency_penalty": (-2.0, 2.0)}  # fmt: skip

@@ -308,6 +308,7 @@ class Dispatcher:
                 api_key=engine_api_key(engine.base_url),
                 connect_timeout_s=float(settings.GPUSHARE_ENGINE_HTTP_TIMEOUT_S),
                 generate_timeout_s=float(settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S),
+                max_answer_bytes=int(settings.GPUSHARE_MAX_ANSWER_BYTES),
             )
         return client
 

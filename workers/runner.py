@@ -40,7 +40,7 @@ from fairqueue.domain import Job
 from fairqueue.growth import Growth
 from fairqueue.inbox import Inbox, chunk_entry, event_entry
 from plumbing import wire
-from scheduler.engines.aio_client import AsyncEngineClient
+from scheduler.engines.aio_client import AnswerTooLarge, AsyncEngineClient
 from scheduler.engines.calls import (
     ResponseEvents,
     client_data,
@@ -60,6 +60,8 @@ YIELD_EVERY_S = 0.002
 # How long a granted run waits without a word from its web (which says it is alive every
 # ALIVE_S) before it looks for the web's report in the job and, finding none, gives up.
 GRANT_SILENCE_S = 4 * ALIVE_S
+# How long a granted run cancelled by its web waits for the web's report of what it used.
+CUT_REPORT_S = 3.0
 
 
 @dataclass
@@ -91,12 +93,17 @@ class Run:
         self.job = job
         self.request: dict[str, Any] = wire.loads(job.payload)
         self.inbox: str = self.request.get("inbox") or ""  # its waiter's (none: a batch line)
-        self.stopped: str = ""  # "lost" (no longer ours) or "worker_stopping"
+        # Why it stopped: "lost" (no longer ours), "worker_stopping", "waiter_gone" (its
+        # granted web went silent) or "client_gone" (its granted web's client left).
+        self.stopped: str = ""
         self.call: asyncio.Future[None] | None = None
+        self.engine_called = False  # the engine has the request (a relayed call was made)
 
     def stop(self, why: str) -> None:
-        if not self.stopped:
-            self.stopped = why
+        """Once: a run that is stopping may still wait a moment for its last report."""
+        if self.stopped:
+            return
+        self.stopped = why
         if self.call is not None:
             self.call.cancel()
 
@@ -182,12 +189,12 @@ async def run_job(
     process's inbox for webs' reports), a stream with a waiter is granted to it."""
     job = run.job
     result = RunResult(outcome="success")
+    growth: Growth | None = None
     if reports is not None and (job.answered or grants(run)):
         call = _granted(queue, run, client, relay, reports, result)
     else:
-        call = _call_engine(
-            run, client, relay, result, Growth(queue, job.job_id, job.attempt, job.covered_tokens)
-        )
+        growth = Growth(queue, job.job_id, job.attempt, job.covered_tokens)
+        call = _call_engine(run, client, relay, result, growth)
     try:
         run.call = asyncio.ensure_future(call)
         if run.stopped:
@@ -200,7 +207,11 @@ async def run_job(
         if not run.stopped:
             raise  # the dispatcher itself is being torn down
         result.outcome = "cancelled"
+        if growth is not None:
+            _charge_cut_short(run, result, growth.tokens)
     except EngineRequestError as exc:
+        if isinstance(exc, AnswerTooLarge) and growth is not None:
+            _charge_too_large(run, result, growth.tokens)
         _answer_engine_refusal(run, relay, exc, result)
     except EngineUnavailable as exc:
         return await _engine_lost(queue, run, relay, str(exc), result, on_engine_lost)
@@ -211,6 +222,28 @@ async def run_job(
         relay.publish(run, {"event": "error", "status": 500, "body": result.error_body})
     result.finished_at = time.time()
     return result
+
+
+def _charge_cut_short(run: Run, result: RunResult, pieces: int) -> None:
+    """A relayed run stopped before its end (its client left) is charged what the engine did:
+    its prompt, prefilled once the call was made, and the pieces streamed so far (a piece is
+    a token; a whole answer cut short gave none). The engine's own count stands where it
+    gave one; the prompt's reservation (`Job.prompt_tokens`, the engine's count or an upper
+    bound of it) stands for the prompt where it did not."""
+    if not run.engine_called:
+        return
+    result.prompt_tokens = result.prompt_tokens or run.job.prompt_tokens
+    result.completion_tokens = max(result.completion_tokens, pieces)
+
+
+def _charge_too_large(run: Run, result: RunResult, pieces: int) -> None:
+    """An answer ended for its size: a stream is charged as one cut short; a whole answer
+    was generated whole before it came, and is charged every token it could have had."""
+    if run.request["stream"]:
+        _charge_cut_short(run, result, pieces)
+    else:
+        result.prompt_tokens = result.prompt_tokens or run.job.prompt_tokens
+        result.completion_tokens = max(result.completion_tokens, run.job.max_tokens)
 
 
 def grants(run: Run) -> bool:
@@ -230,9 +263,10 @@ async def _granted(
     a relayed run would have (see `_apply_report`)."""
     job = run.job
     if job.answered:  # its web answered while the job's first worker was dying
-        _apply_report(Report.parse(job.answered), result)
+        _apply_report(run, Report.parse(job.answered), result)
         return
     words = reports.register(job.job_id)
+    report = Report()
     try:
         grant = {
             "event": "grant", "url": client.base_url, "reply": reports.key, "stamp": job.stamp,
@@ -252,17 +286,54 @@ async def _granted(
                 report = Report.parse(answered)
             if report.final:
                 break
+    except asyncio.CancelledError:
+        if run.stopped == "lost":  # cancelled by its web, whose report says what was used
+            report = await _last_report(words) or report
+            _count_report(run, report, result)
+        raise
     finally:
         reports.unregister(job.job_id)
-    _apply_report(report, result)
+    _apply_report(run, report, result)
 
 
-def _apply_report(report: Report, result: RunResult) -> None:
+async def _last_report(words: asyncio.Queue[bytes]) -> Report | None:
+    """The final report of a granted call whose client left, as its web sends it after the
+    job's cancel (or before: then it is waiting already); None after CUT_REPORT_S."""
+    reading = asyncio.ensure_future(_final_report(words))
+    done, _ = await asyncio.wait({reading}, timeout=CUT_REPORT_S)
+    if not done:
+        reading.cancel()
+        return None
+    return reading.result()
+
+
+async def _final_report(words: asyncio.Queue[bytes]) -> Report:
+    while True:
+        report = Report.parse(await words.get())
+        if report.final:
+            return report
+
+
+def _count_report(run: Run, report: Report, result: RunResult) -> None:
+    """The tokens a granted call used, as its web reports them. A call its client cut short
+    is charged what the engine did: its prompt (the engine's count, else the reservation's,
+    see `_charge_cut_short`) and the pieces streamed."""
     if report.first_token_at:
         result.first_token_at = report.first_token_at
     result.prompt_tokens, result.completion_tokens = report.prompt_tokens, report.completion_tokens
+    if report.cut_short:
+        result.prompt_tokens = result.prompt_tokens or run.job.prompt_tokens
+
+
+def _apply_report(run: Run, report: Report, result: RunResult) -> None:
+    _count_report(run, report, result)
+    if report.outcome == "cancelled":  # its client left: released with what it used
+        run.stopped = run.stopped or "client_gone"
+        raise asyncio.CancelledError
     if report.outcome == "engine_lost":
         raise EngineUnavailable(report.detail)
+    if report.outcome == "refused" and report.cut_short:
+        raise AnswerTooLarge(int(settings.GPUSHARE_MAX_ANSWER_BYTES))
     if report.outcome == "refused":
         raise EngineRequestError(
             f"the engine answered {report.status_code}",
@@ -277,6 +348,7 @@ async def _call_engine(
 ) -> None:
     job, request = run.job, run.request
     path, body = engine_path(request), engine_body(request, job.request_class, job.stamp)
+    run.engine_called = True
     if not request["stream"]:
         response = await client.generate(path, body)
         result.first_token_at = time.time()
@@ -381,8 +453,10 @@ def _answer_engine_refusal(
         message = body.get("message") or body.get("error", {}).get("message") or exc.body
     except (ValueError, AttributeError):
         message = exc.body
-    result.outcome, result.status_code, result.error_code = "error", exc.status_code, "engine_400"
-    error = _openai_error(str(message)[:2000], "invalid_request", "invalid_request_error")
+    code = "answer_too_large" if isinstance(exc, AnswerTooLarge) else "invalid_request"
+    result.outcome, result.status_code = "error", exc.status_code
+    result.error_code = "answer_too_large" if isinstance(exc, AnswerTooLarge) else "engine_400"
+    error = _openai_error(str(message)[:2000], code, "invalid_request_error")
     result.error_body = error
     relay.publish(run, {"event": "error", "status": exc.status_code, "body": error})
 

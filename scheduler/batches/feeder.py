@@ -69,7 +69,7 @@ from scheduler.models import (
     FilePurpose,
     LineState,
 )
-from scheduler.online.admission import ContextTooLong, bounded_max_tokens
+from scheduler.online.admission import AnswerTooLarge, ContextTooLong, bounded_max_tokens
 from scheduler.pools.policies import Route, enqueue_resyncing, fair_queue, route_for, sync_tenant
 from tenants.limits import BudgetExhausted, RateLimited, limits_admit, limits_settle
 
@@ -366,7 +366,7 @@ class _Feeder:
         try:
             longest = max(prompt_tokens)
             max_tokens = bounded_max_tokens(request, longest, route.engine.max_model_len)
-        except ContextTooLong as exc:
+        except (ContextTooLong, AnswerTooLarge) as exc:
             _finish_unrun(line, 400, exc.code or "context_length_exceeded", exc.message, exc.param)
             return True
         tenant = self.batch.tenant

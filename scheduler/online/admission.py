@@ -43,7 +43,9 @@ from plumbing.ttlcache import TtlCache
 from protocol.inference import (
     GENERATION_ENDPOINTS,
     InferenceRequest,
+    answer_bytes_bound,
     bounded_prompt_tokens,
+    logprob_candidates,
     prompt_token_bound,
     request_tokens,
     split_prompts,
@@ -81,6 +83,10 @@ class BadRequest(DomainError):
 
 class ContextTooLong(DomainError):
     code = "context_length_exceeded"
+
+
+class AnswerTooLarge(DomainError):
+    code = "answer_too_large"
 
 
 class ModelNotFound(NotFound):
@@ -312,12 +318,15 @@ async def count_prompts(parts: list[InferenceRequest], engine: Engine) -> list[i
 PROMPT_PARAMS = {
     "chat": "messages", "completions": "prompt", "responses": "input", "embeddings": "input",
 }  # fmt: skip
+# The field that bounds a request's answer.
+MAX_TOKENS_PARAMS = {"responses": "max_output_tokens"}
 
 
 def bounded_max_tokens(request: InferenceRequest, prompt_tokens: int, max_model_len: int) -> int:
     """`max_tokens` as run: as asked, or what the model's length leaves the prompt (the
-    longest, for a list of prompts); ContextTooLong when nothing is left. An embedding
-    (`max_tokens` 0) needs room for its input only."""
+    longest, for a list of prompts); ContextTooLong when nothing is left, AnswerTooLarge when
+    a whole answer could pass what one may take. An embedding (`max_tokens` 0) needs room
+    for its input only."""
     room = max_model_len - prompt_tokens
     least = 0 if request.max_tokens == 0 else 1
     if room < least or (request.max_tokens is not None and request.max_tokens > room):
@@ -329,7 +338,34 @@ def bounded_max_tokens(request: InferenceRequest, prompt_tokens: int, max_model_
             "completion.",
             param=PROMPT_PARAMS[request.endpoint],
         )
-    return request.max_tokens if request.max_tokens is not None else room
+    max_tokens = request.max_tokens if request.max_tokens is not None else room
+    _check_answer_size(request, max_tokens)
+    return max_tokens
+
+
+def _check_answer_size(request: InferenceRequest, max_tokens: int) -> None:
+    """A whole answer (not streamed) that could pass GPUSHARE_MAX_ANSWER_BYTES is refused:
+    the engine, the worker, Redis and the web would each hold it whole. The field named is
+    what weighs most."""
+    limit = int(settings.GPUSHARE_MAX_ANSWER_BYTES)
+    if request.stream or max_tokens == 0:
+        return
+    bound = answer_bytes_bound(request, max_tokens)
+    if bound <= limit:
+        return
+    if logprob_candidates(request) > 1:
+        param = "logprobs" if request.endpoint == "completions" else "top_logprobs"
+    elif request.sequences > 1:
+        param = "n" if request.n > 1 else "prompt"
+    else:
+        param = MAX_TOKENS_PARAMS.get(request.endpoint, "max_tokens")
+    raise AnswerTooLarge(
+        f"This request's answer could take {bound // 2**20} MiB ({request.sequences} "
+        f"sequences of up to {max_tokens} tokens, {logprob_candidates(request)} logprobs "
+        f"each); the most one answer may take is {limit // 2**20} MiB. Ask for fewer "
+        "sequences, tokens or logprobs, or stream the answer (`stream: true`).",
+        param=param,
+    )
 
 
 async def _enqueue(

@@ -25,7 +25,7 @@ import logging
 import time
 import weakref
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from django.conf import settings
@@ -34,7 +34,7 @@ from fairqueue.aio import AsyncFairQueue
 from fairqueue.growth import Growth
 from fairqueue.inbox import parse_event
 from plumbing import wire
-from scheduler.engines.aio_client import AsyncEngineClient
+from scheduler.engines.aio_client import AnswerTooLarge, AsyncEngineClient
 from scheduler.engines.auth import engine_api_key
 from scheduler.engines.calls import (
     ResponseEvents,
@@ -56,16 +56,21 @@ REPORT_TRIES_S = 15.0
 @dataclass(frozen=True)
 class Report:
     """What the web tells the worker that granted it a call. `final` False: alive only.
-    `outcome`: success, refused (the engine's 4xx: `status_code`, its body in `detail`) or
-    engine_lost (`detail` says how)."""
+    `outcome`: success, refused (the engine's 4xx: `status_code`, its body in `detail`),
+    engine_lost (`detail` says how) or cancelled (the client left: the tokens so far, the
+    streamed pieces standing for the engine's count where it gave none)."""
 
     final: bool = True
-    outcome: str = "success"
+    outcome: str = "success"  # or "refused", "engine_lost", "cancelled" (its client left)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     first_token_at: float | None = None
     status_code: int = 200
     detail: str = ""
+    # The call ended before its answer did (the client left, or the answer was too large):
+    # its tokens are what was streamed, the prompt's reservation standing for the prompt
+    # where the engine gave no count.
+    cut_short: bool = False
 
     def dumps(self) -> str:
         return wire.dumps({"event": "report", **asdict(self)})
@@ -78,6 +83,15 @@ class Report:
 
 
 ALIVE = Report(final=False)
+
+# Reports sent after their stream was cancelled, kept until heard (a task needs a reference).
+_unheard: set[asyncio.Future[None]] = set()
+
+
+def _keep(task: asyncio.Future[None]) -> None:
+    _unheard.add(task)
+    task.add_done_callback(_unheard.discard)
+
 
 # The engines' clients of each event loop, by address (a client is bound to its loop).
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncEngineClient]] = (
@@ -94,6 +108,7 @@ def engine_client(base_url: str) -> AsyncEngineClient:
             api_key=engine_api_key(base_url),
             connect_timeout_s=float(settings.GPUSHARE_ENGINE_HTTP_TIMEOUT_S),
             generate_timeout_s=float(settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S),
+            max_answer_bytes=int(settings.GPUSHARE_MAX_ANSWER_BYTES),
         )
     return client
 
@@ -119,6 +134,10 @@ class GrantedStream:
         self.url, self.reply = str(grant["url"]), str(grant["reply"])
         self.words = words  # the job's inbox queue: looked through for a newer grant
         self._report_of_events = Report()
+        # What the call has used so far: the engine's counts where it gave them, and when
+        # its first token came; the pieces streamed are `growth.tokens`.
+        self._counts: tuple[int, int] = (0, 0)
+        self._first_token_at: float | None = None
         covered = grant.get("covered")
         self.growth = Growth(queue, job_id, self.attempt, -1 if covered is None else int(covered))
 
@@ -131,23 +150,29 @@ class GrantedStream:
                     yield {"event": "chunk", "attempt": self.attempt, "raw": raw}
                 report = self._report_of_events
             else:
-                first_token_at, counts = None, (0, 0)
                 async for data, chunk in self._chunks():
-                    if first_token_at is None and chunk.get("choices"):
-                        first_token_at = time.time()
+                    if self._first_token_at is None and chunk.get("choices"):
+                        self._first_token_at = time.time()
                     self.growth.add(len(chunk.get("choices") or ()))
-                    counts = usage_counts(chunk.get("usage")) or counts
+                    self._counts = usage_counts(chunk.get("usage")) or self._counts
                     passed_on = client_data(data, chunk, bool(self.call.get("include_usage")))
                     if passed_on is not None:
                         yield {"event": "chunk", "attempt": self.attempt, "raw": passed_on}
                 report = Report(
-                    prompt_tokens=counts[0], completion_tokens=counts[1],
-                    first_token_at=first_token_at,
+                    prompt_tokens=self._counts[0], completion_tokens=self._counts[1],
+                    first_token_at=self._first_token_at,
                 )  # fmt: skip
+        except AnswerTooLarge as exc:
+            report = replace(self._cut_short(), outcome="refused", status_code=exc.status_code)
         except EngineRequestError as exc:
             report = Report(outcome="refused", status_code=exc.status_code, detail=exc.body)
         except EngineUnavailable as exc:
             report = Report(outcome="engine_lost", detail=str(exc))
+        except (asyncio.CancelledError, GeneratorExit):
+            # The client left: its worker charges what the engine did so far. The report is
+            # a task of its own: this generator may not wait any more.
+            _keep(asyncio.ensure_future(self._report_until_heard(self._cut_short())))
+            raise
         finally:
             alive.cancel()
             self.growth.close()
@@ -159,6 +184,14 @@ class GrantedStream:
                 "total_tokens": report.prompt_tokens + report.completion_tokens,
             }
             yield {"event": "done", "usage": usage, "attempt": self.attempt}
+
+    def _cut_short(self) -> Report:
+        prompt_tokens, completion_tokens = self._counts
+        return Report(
+            outcome="cancelled", prompt_tokens=prompt_tokens,
+            completion_tokens=max(completion_tokens, self.growth.tokens),
+            first_token_at=self._first_token_at, cut_short=True,
+        )  # fmt: skip
 
     async def _chunks(self) -> AsyncIterator[tuple[bytes, dict[str, Any]]]:
         client = engine_client(self.url)
@@ -178,18 +211,18 @@ class GrantedStream:
         """A Responses stream's events as the engine wrote them (`event:` line and all); its
         report (`_report_of_events`) is set once its last event came."""
         client = engine_client(self.url)
-        reading, first_token_at = ResponseEvents(), None
+        reading = ResponseEvents()
         async for frame, data in client.events(engine_path(self.call), self._body()):
             self.growth.add(reading.is_delta(reading.read(data)))
-            if first_token_at is None and reading.first_output:
-                first_token_at = time.time()
+            if self._first_token_at is None and reading.first_output:
+                self._first_token_at = time.time()
             yield frame
         if not reading.ended:
             raise EngineUnavailable("the engine's stream ended before its last event")
-        prompt_tokens, completion_tokens = reading.counts
+        self._counts = reading.counts
         self._report_of_events = Report(
-            prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-            first_token_at=first_token_at,
+            prompt_tokens=self._counts[0], completion_tokens=self._counts[1],
+            first_token_at=self._first_token_at,
         )  # fmt: skip
 
     def _body(self) -> dict[str, Any]:

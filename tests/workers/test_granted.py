@@ -58,9 +58,11 @@ def picked(queue: FairQueue, *, stream: bool = True) -> Any:
 Web = Callable[[AsyncFairQueue, str, dict[str, Any]], Awaitable[None]]
 
 
-def run_granted(queue: FairQueue, job: Any, web: Web | None) -> tuple[RunResult, list[dict]]:
-    """Runs the job on the worker side while `web` answers its grant; returns the result and
-    the events the waiter's inbox got."""
+def run_granted(
+    queue: FairQueue, job: Any, web: Web | None, run: Run | None = None
+) -> tuple[RunResult, list[dict]]:
+    """Runs the job (as `run`, where given) on the worker side while `web` answers its
+    grant; returns the result and the events the waiter's inbox got."""
 
     async def main() -> tuple[RunResult, list[dict]]:
         client = AsyncRedis(django_settings.REDIS_URL, max_connections=8, read_timeout_s=30)
@@ -70,8 +72,7 @@ def run_granted(queue: FairQueue, job: Any, web: Web | None) -> tuple[RunResult,
         relay = Relay(aq)
         waiter = asyncio.ensure_future(_act_as_web(aq, job.job_id, web))
         try:
-            run = Run(job)
-            result = await run_job(aq, run, engine, relay, reports=reports)
+            result = await run_job(aq, run or Run(job), engine, relay, reports=reports)
             await relay.flush(job)
             await asyncio.sleep(0.05)
         finally:
@@ -148,6 +149,47 @@ def test_an_engine_lost_under_the_web_gives_the_job_back(queue: FairQueue) -> No
     assert requeued is not None
     assert requeued.state == "queued"
     assert requeued.answered == ""  # its next run calls the engine again
+
+
+def test_a_stream_its_client_left_is_released_with_what_its_web_streamed(
+    queue: FairQueue,
+) -> None:
+    """The web's report of a cut stream comes before its cancel: the run ends cancelled, to
+    be released with the pieces streamed and, the engine having given no count, the prompt's
+    reservation."""
+    job = picked(queue)
+    cut = Report(outcome="cancelled", completion_tokens=3, cut_short=True)
+    result, events = run_granted(queue, job, reporting(cut))
+
+    assert (result.outcome, result.prompt_tokens, result.completion_tokens) == ("cancelled", 5, 3)
+    assert [e["event"] for e in events] == ["grant"]
+
+
+def test_a_run_its_web_cancelled_first_waits_for_the_web_s_report(queue: FairQueue) -> None:
+    """The client left; the web's cancel reaches the queue first, and the dispatcher's watch
+    stops the run as no longer its own: the web's report of what was used still comes."""
+    job = picked(queue)
+    run = Run(job)
+
+    async def cancels_then_reports(aq: AsyncFairQueue, job_id: str, grant: dict[str, Any]) -> None:
+        await aq.cancel(job_id, reason="client_gone")
+        run.stop("lost")  # as the dispatcher's watch does
+        await asyncio.sleep(0.3)
+        cut = Report(outcome="cancelled", prompt_tokens=4, completion_tokens=6, cut_short=True)
+        await aq.answer(job_id, cut.dumps(), grant["reply"], keep=False)
+
+    result, _ = run_granted(queue, job, cancels_then_reports, run)
+    assert (result.outcome, result.prompt_tokens, result.completion_tokens) == ("cancelled", 4, 6)
+
+
+def test_a_cut_stream_too_large_is_answered_and_charged(queue: FairQueue) -> None:
+    job = picked(queue)
+    cut = Report(outcome="refused", status_code=400, completion_tokens=7, cut_short=True)
+    result, events = run_granted(queue, job, reporting(cut))
+
+    assert (result.outcome, result.error_code) == ("error", "answer_too_large")
+    assert (result.prompt_tokens, result.completion_tokens) == (5, 7)
+    assert events[-1]["body"]["error"]["code"] == "answer_too_large"
 
 
 def test_a_job_its_web_already_answered_is_only_released(queue: FairQueue) -> None:
