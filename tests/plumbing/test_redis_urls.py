@@ -1,6 +1,6 @@
 """A Redis URL means the same to every client of the platform: redis-py (the model), the
-asyncio client (plumbing/aio_redis.py) and the fair queue's lean client
-(plumbing/raw_redis.py) connect with the same password, ACL user and TLS options, and fail where
+asyncio client (plumbing/aio_redis.py), the fair queue's lean client (plumbing/raw_redis.py)
+and Celery's broker connect with the same password, ACL user and TLS options, and fail where
 redis-py fails (a wrong password, a certificate of another CA, another host name). Against
 redis-server processes this file starts: one with `--requirepass` and an ACL user, and two
 that serve only TLS (one of them wants a client certificate), with certificates made here by
@@ -9,9 +9,12 @@ openssl."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +27,9 @@ import uvloop
 
 from plumbing.aio_redis import AsyncRedis
 from plumbing.raw_redis import RawRedis
+from plumbing.redis import ssl_options
 
+REPO = Path(__file__).resolve().parents[2]
 PASSWORD = "s3cr@t:pa/ss%"  # characters a URL must escape
 ALICE = "alice-pw"
 
@@ -257,3 +262,69 @@ def test_a_url_connects_through_every_client_where_it_connects_through_redis_py(
             assert answers[-1] == name.encode()
         raw.close()
     model.close()
+
+
+def broker_round_trip(url: str) -> subprocess.CompletedProcess[str]:
+    """A message through Celery's broker at REDIS_URL=url, the platform's own Celery app and
+    settings in a process of their own."""
+    script = (
+        "import json\n"
+        "from config.celery import app\n"
+        "with app.connection_for_write() as conn:\n"
+        "    conn.ensure_connection(max_retries=1)\n"
+        "    queue = conn.SimpleQueue('gpushare-broker-tls-test')\n"
+        "    queue.put({'n': 1})\n"
+        "    message = queue.get(timeout=5)\n"
+        "    message.ack()\n"
+        "    print(json.dumps(message.payload))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CELERY_")}
+    env["REDIS_URL"] = url
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("url", "server"), [(TLS_CASES[0][1], "tls"), (MTLS_CASES[0][1], "mtls")], ids=["tls", "mtls"]
+)
+def test_celerys_broker_takes_the_password_and_tls_options_of_the_url(
+    servers: Servers, url: str, server: str
+) -> None:
+    done = broker_round_trip(fill(url, servers, server))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == {"n": 1}
+
+
+def test_celerys_broker_verifies_the_servers_certificate_as_redis_py_does(
+    servers: Servers,
+) -> None:
+    """kombu alone takes a rediss:// URL without `ssl_cert_reqs` as one that verifies
+    nothing; the platform's broker verifies as redis-py does."""
+    for name, url, ok in TLS_CASES:
+        if name in ("tls, the system's cas", "tls, another ca", "tls, another host name"):
+            assert not ok
+            done = broker_round_trip(fill(url, servers, "tls"))
+            assert done.returncode != 0, (name, done.stdout)
+            assert "certificate verify failed" in done.stderr, (name, done.stderr[-2000:])
+
+
+def test_ssl_options_are_redis_pys_reading_of_the_url() -> None:
+    assert ssl_options("redis://:pw@host:6379/0") is None
+    assert ssl_options("unix:///run/redis.sock") is None
+    assert ssl_options("amqp://guest@rabbit//") is None  # a broker that is not Redis
+    assert ssl_options("sentinel://:pw@s1:26379;sentinel://:pw@s2:26379") is None
+    assert ssl_options("rediss://a:6380/0?ssl_ca_certs=/ca.pem;rediss://b:6380/0") == {
+        "ssl_cert_reqs": "required",
+        "ssl_ca_certs": "/ca.pem",
+    }
+    assert ssl_options("rediss://host:6380/0") == {"ssl_cert_reqs": "required"}
+    assert ssl_options(
+        "rediss://host/0?ssl_cert_reqs=none&ssl_ca_certs=/etc/ca%20file.pem"
+        "&ssl_check_hostname=false&socket_timeout=3"
+    ) == {
+        "ssl_cert_reqs": "none",
+        "ssl_ca_certs": "/etc/ca file.pem",
+        "ssl_check_hostname": False,
+    }
