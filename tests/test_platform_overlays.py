@@ -315,6 +315,52 @@ def test_development_redis_answers_only_with_the_password_every_platform_pod_car
                 assert {"secretRef": {"name": "gpushare"}} in c["envFrom"], doc["metadata"]
 
 
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a Kubernetes label selector selects `labels` (an empty one selects all)."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression.get("values")
+        present = key in labels
+        if not {
+            "In": present and labels.get(key) in (values or []),
+            "NotIn": not present or labels[key] not in (values or []),
+            "Exists": present,
+            "DoesNotExist": not present,
+        }[operator]:
+            return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("database", "port", "clients"),
+    [
+        ("postgres", 5432, {"web", "beat", "migrate", "gpu-node", "engine-agent"}),
+        ("redis", 6379, {"web", "beat", "gpu-node", "engine-agent"}),
+    ],
+)
+def test_development_databases_admit_only_the_platforms_pods(database, port, clients):
+    policy = one("development", "NetworkPolicy", database)["spec"]
+    server = one("development", "StatefulSet", database)["spec"]["template"]["metadata"]
+    assert selects(policy["podSelector"], server["labels"])
+    assert policy["policyTypes"] == ["Ingress"]
+    admitted = set()
+    for rule in policy["ingress"]:
+        assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
+        assert rule.get("from"), "a rule without `from` admits any source"
+        for peer in rule["from"]:
+            # By label only: an ipBlock or a namespaceSelector admits what is not the platform.
+            assert set(peer) == {"podSelector"}, peer
+            assert peer["podSelector"], "an empty podSelector admits every pod"
+            admitted |= {
+                doc["metadata"]["name"]
+                for doc in render("development")
+                if doc["kind"] in PODS
+                and selects(peer["podSelector"], doc["spec"]["template"]["metadata"]["labels"])
+            }
+    assert admitted == clients
+
+
 def test_production_is_scraped_by_prometheus_operator_with_the_metrics_token():
     monitor = one("production", "ServiceMonitor", "gpushare-web")
     service = one("production", "Service", "web")
