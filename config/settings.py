@@ -13,6 +13,7 @@ from config.files_storage import files_storage_config
 from config.secret_key import secret_key
 from config.sqlite import sqlite_options
 from plumbing.env import env_bool, env_float, env_int, env_list, env_numbers, env_str
+from plumbing.redis import ssl_options
 
 # Lets generic admin/serializer classes be subscripted at run time, as the type hints do.
 django_stubs_ext.monkeypatch()
@@ -154,6 +155,10 @@ REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 # pool P" to a worker. So: no prefetch (a prefetched message would be run out of order),
 # acks late and re-delivered if the worker dies, JSON only.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+# A rediss:// broker verifies the server's certificate as redis-py does: kombu takes a
+# rediss:// URL without `ssl_*` options as one that verifies nothing, so its options are
+# spelled out (the URL's own, over redis-py's default of requiring the certificate).
+CELERY_BROKER_USE_SSL = ssl_options(CELERY_BROKER_URL)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_ACCEPT_CONTENT = ["json"]

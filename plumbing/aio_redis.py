@@ -26,11 +26,11 @@ import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import unquote, urlsplit
 
 import hiredis
 import redis
 from redis._parsers.base import BaseParser
+from redis.asyncio.connection import RedisSSLContext, SSLConnection, parse_url
 
 Arg = str | bytes | int | float
 
@@ -51,34 +51,35 @@ def pack_command(*args: Arg) -> bytes:
 
 @dataclass(frozen=True)
 class _Address:
-    """Where and how to connect, from a redis://, rediss:// or unix:// URL."""
+    """Where and how to connect, as redis-py reads a redis://, rediss:// or unix:// URL: its
+    own parser (`redis.asyncio.connection.parse_url`, what `from_url` calls) and, for TLS, its
+    own context from the URL's `ssl_*` options with its defaults (the server's certificate
+    required and its name checked), so that a URL connects here exactly where it connects
+    through redis-py, and fails where it fails there."""
 
     host: str
     port: int
     path: str  # a unix socket's path, else ""
-    tls: bool
+    tls: RedisSSLContext | None
     username: str
     password: str
     db: int
 
     @classmethod
     def from_url(cls, url: str) -> _Address:
-        parts = urlsplit(url)
-        if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"not a Redis URL: {url!r}")
-        query = dict(p.split("=", 1) for p in parts.query.split("&") if "=" in p)
-        if parts.scheme == "unix":
-            db = query.get("db", "0")
-        else:
-            db = (parts.path or "/0").lstrip("/") or query.get("db", "0")
+        kwargs = parse_url(url)
+        tls = None
+        if kwargs.get("connection_class") is SSLConnection:
+            options: dict[str, Any] = {k: v for k, v in kwargs.items() if k.startswith("ssl_")}
+            tls = SSLConnection(**options).ssl_context
         return cls(
-            host=parts.hostname or "127.0.0.1",
-            port=parts.port or 6379,
-            path=parts.path if parts.scheme == "unix" else "",
-            tls=parts.scheme == "rediss",
-            username=unquote(parts.username or ""),
-            password=unquote(parts.password or ""),
-            db=int(db),
+            host=kwargs.get("host", "localhost"),
+            port=kwargs.get("port", 6379),
+            path=kwargs.get("path", ""),
+            tls=tls,
+            username=kwargs.get("username", ""),
+            password=kwargs.get("password", ""),
+            db=kwargs.get("db", 0),
         )
 
 
@@ -171,6 +172,7 @@ class AsyncRedis:
 
     def __init__(self, url: str, *, max_connections: int, read_timeout_s: float) -> None:
         self._address = _Address.from_url(url)
+        self._tls: ssl.SSLContext | None = None  # built at the first TLS connection
         self._read_timeout_s = read_timeout_s
         self._free: list[_Connection] = []
         self._slots = asyncio.Semaphore(max_connections)
@@ -244,9 +246,8 @@ class AsyncRedis:
             if address.path:
                 _, connection = await loop.create_unix_connection(_Connection, address.path)
             else:
-                tls = ssl.create_default_context() if address.tls else None
                 _, connection = await loop.create_connection(
-                    _Connection, address.host, address.port, ssl=tls
+                    _Connection, address.host, address.port, ssl=await self._tls_context()
                 )
         except OSError as exc:
             raise redis.ConnectionError(f"cannot connect to Redis: {exc}") from exc
@@ -265,6 +266,15 @@ class AsyncRedis:
             connection.close()
             raise
         return connection
+
+    async def _tls_context(self) -> ssl.SSLContext | None:
+        """The URL's TLS context, None without TLS. Building it reads the certificate files,
+        so it is built once, off the loop."""
+        if self._address.tls is None:
+            return None
+        if self._tls is None:
+            self._tls = await asyncio.to_thread(self._address.tls.get)
+        return self._tls
 
     def close(self) -> None:
         for connection in self._free:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from redis.connection import parse_url
 
 from config.celery import app as celery_app
 
@@ -105,6 +106,49 @@ def test_compose_runs_the_whole_stack_with_the_real_commands():
     # Engines registered with --host node-1 are reached at the agent's container.
     assert "node-1" in agent["networks"]["default"]["aliases"]
     assert agent["stop_grace_period"]  # room for its engines' drains
+
+
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """Compose's interpolation of ${NAME}, ${NAME:-default} and ${NAME:?error} in every string
+    of `value`; a missing ${NAME:?error} raises, as compose stops."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def one(match: re.Match[str]) -> str:
+        name, how, text = match[1], match[2] or "", match[3] or ""
+        if env.get(name):
+            return env[name]
+        if how == ":?":
+            raise LookupError(text)
+        return text if how == ":-" else ""
+
+    return re.sub(r"\$\{([A-Z0-9_]+)(?:(:[-?])([^}]*))?\}", one, value)
+
+
+def test_compose_redis_answers_only_with_the_password_every_service_carries():
+    """Whoever writes to Redis controls the fair queue, the limits and Celery's messages."""
+    env = {"DJANGO_SECRET_KEY": "k" * 50, "REDIS_PASSWORD": "0123456789abcdef0123456789abcdef"}
+    services = interpolate(compose(), env)["services"]
+    redis = services["redis"]
+    command = redis["command"]
+    assert "--requirepass" in command, "Redis must ask for a password"
+    assert command[command.index("--requirepass") + 1] == env["REDIS_PASSWORD"]
+    # The healthcheck authenticates (redis-cli's REDISCLI_AUTH) and wants PONG.
+    assert redis["environment"]["REDISCLI_AUTH"] == env["REDIS_PASSWORD"]
+    assert "PONG" in redis["healthcheck"]["test"][-1]
+    clients = [name for name, service in services.items() if "REDIS_URL" in service.get(
+        "environment", {})]  # fmt: skip
+    assert {"migrate", "web", "beat", "worker-node-1", "engine-agent-node-1"} <= set(clients)
+    for name in clients:
+        url = parse_url(services[name]["environment"]["REDIS_URL"])
+        assert (url["host"], url["password"]) == ("redis", env["REDIS_PASSWORD"]), name
+    # No password, no stack: compose stops rather than run Redis open.
+    with pytest.raises(LookupError, match="REDIS_PASSWORD"):
+        interpolate(compose(), {"DJANGO_SECRET_KEY": env["DJANGO_SECRET_KEY"]})
 
 
 def test_compose_sets_only_environment_the_platform_reads():

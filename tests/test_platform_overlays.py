@@ -6,6 +6,7 @@ the base's files)."""
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import re
 import shutil
@@ -19,6 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from django.http.request import validate_host
+from redis.connection import parse_url
 
 from config.health import READINESS_CHECKS
 
@@ -177,7 +179,9 @@ def pod_specs(overlay: str) -> list[tuple[dict[str, Any], dict[str, Any]]]:
 
 def secret_keys(overlay: str) -> set[str]:
     """The Secret `gpushare`'s keys: the overlay's own, or the example production creates."""
-    rendered = [d for d in render(overlay) if d["kind"] == "Secret"]
+    rendered = [
+        d for d in render(overlay) if d["kind"] == "Secret" and d["metadata"]["name"] == "gpushare"
+    ]
     if rendered:
         return set(rendered[0]["data"])
     example = yaml.safe_load((K8S / overlay / "secret.example.yaml").read_text())
@@ -280,6 +284,81 @@ def test_development_runs_its_own_postgres_and_redis_with_an_append_only_file():
     command = redis["containers"][0]["command"]
     assert command[command.index("--appendonly") + 1] == "yes"
     assert command[command.index("--appendfsync") + 1] == "everysec"
+
+
+def secret_value(overlay: str, name: str, key: str) -> str:
+    return base64.b64decode(one(overlay, "Secret", name)["data"][key]).decode()
+
+
+def test_development_redis_answers_only_with_the_password_every_platform_pod_carries():
+    """Whoever writes to Redis controls the fair queue, the limits and Celery's messages."""
+    redis = one("development", "StatefulSet", "redis")["spec"]["template"]["spec"]
+    (container,) = redis["containers"]
+    command = container["command"]
+    assert "--requirepass" in command, "Redis must ask for a password"
+    reference = re.fullmatch(r"\$\(([A-Z_]+)\)", command[command.index("--requirepass") + 1])
+    assert reference, "the password comes from the Secret, not the manifest"
+    env = {e["name"]: e for e in container["env"]}
+    secret = env[reference[1]]["valueFrom"]["secretKeyRef"]
+    password = secret_value("development", secret["name"], secret["key"])
+    assert len(password) >= 16
+    # The readiness probe authenticates (redis-cli's REDISCLI_AUTH) and wants PONG.
+    assert expand(env["REDISCLI_AUTH"]["value"], {reference[1]: password}) == password
+    assert "PONG" in container["readinessProbe"]["exec"]["command"][-1]
+    # Every platform pod takes REDIS_URL from the Secret gpushare (envFrom): it carries it.
+    url = parse_url(secret_value("development", "gpushare", "REDIS_URL"))
+    assert url["password"] == password
+    assert url["host"] == one("development", "Service", "redis")["metadata"]["name"]
+    for doc, spec in pod_specs("development"):
+        if doc["metadata"]["labels"].get("app.kubernetes.io/name") == "gpushare":
+            for c in spec["containers"]:
+                assert {"secretRef": {"name": "gpushare"}} in c["envFrom"], doc["metadata"]
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a Kubernetes label selector selects `labels` (an empty one selects all)."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression.get("values")
+        present = key in labels
+        if not {
+            "In": present and labels.get(key) in (values or []),
+            "NotIn": not present or labels[key] not in (values or []),
+            "Exists": present,
+            "DoesNotExist": not present,
+        }[operator]:
+            return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("database", "port", "clients"),
+    [
+        ("postgres", 5432, {"web", "beat", "migrate", "gpu-node", "engine-agent"}),
+        ("redis", 6379, {"web", "beat", "gpu-node", "engine-agent"}),
+    ],
+)
+def test_development_databases_admit_only_the_platforms_pods(database, port, clients):
+    policy = one("development", "NetworkPolicy", database)["spec"]
+    server = one("development", "StatefulSet", database)["spec"]["template"]["metadata"]
+    assert selects(policy["podSelector"], server["labels"])
+    assert policy["policyTypes"] == ["Ingress"]
+    admitted = set()
+    for rule in policy["ingress"]:
+        assert rule["ports"] == [{"port": port, "protocol": "TCP"}]
+        assert rule.get("from"), "a rule without `from` admits any source"
+        for peer in rule["from"]:
+            # By label only: an ipBlock or a namespaceSelector admits what is not the platform.
+            assert set(peer) == {"podSelector"}, peer
+            assert peer["podSelector"], "an empty podSelector admits every pod"
+            admitted |= {
+                doc["metadata"]["name"]
+                for doc in render("development")
+                if doc["kind"] in PODS
+                and selects(peer["podSelector"], doc["spec"]["template"]["metadata"]["labels"])
+            }
+    assert admitted == clients
 
 
 def test_production_is_scraped_by_prometheus_operator_with_the_metrics_token():
