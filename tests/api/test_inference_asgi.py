@@ -790,3 +790,25 @@ def test_a_real_server_answers_a_declared_huge_body_at_once_and_reads_none_of_it
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def test_the_ingress_takes_no_body_larger_than_the_web_s_largest_limit(settings):
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from config.asgi import body_limit_of
+
+    ingress = Path(__file__).resolve().parents[2] / "platform/k8s/production/ingress.yaml"
+    annotations = yaml.safe_load(ingress.read_text())["metadata"]["annotations"]
+    size = annotations["nginx.ingress.kubernetes.io/proxy-body-size"]
+    spelled = re.fullmatch(r"(\d+)([km]?)", size)  # nginx's sizes; 0 is no limit
+    assert spelled is not None, size
+    number, unit = spelled.groups()
+    allowed = int(number) * {"": 1, "k": 1024, "m": 1024**2}[unit]
+    largest = max(
+        body_limit_of({"method": method, "path": path})
+        for method, path in (("POST", "/v1/files"), ("POST", CHAT), ("POST", "/admin/login/"))
+    )
+    assert largest <= allowed < largest + 1024**2
