@@ -94,8 +94,6 @@ def error_reply(exc: DomainError) -> Reply:
 # --- the ASGI side ------------------------------------------------------------------------
 
 
-# Tenant requests that carry a body: their key is checked before a byte of it is read.
-BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # Where the gate leaves the key it checked, for the request's handler.
 API_KEY_SCOPE = "gpushare.api_key"
 
@@ -103,8 +101,9 @@ API_KEY_SCOPE = "gpushare.api_key"
 async def tenant_key_gate(scope: Scope, send: Send) -> bool:
     """Whether a request to the tenant API (/v1/) may go on to read its body: an unknown,
     revoked or missing key is answered 401 first, so that nobody without a key makes the
-    web read (or Django spool) a body of up to the size limit."""
-    if scope["method"] not in BODY_METHODS or not scope["path"].startswith("/v1/"):
+    web read (or Django spool) a body of up to the size limit. Every method is checked: a
+    GET or a DELETE may carry a body too, and any request may declare none (chunked)."""
+    if not scope["path"].startswith("/v1/"):
         return True
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
     authorization = headers.get("authorization", "")

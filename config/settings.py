@@ -332,7 +332,12 @@ GPUSHARE_WORKER_DRAIN_S = env_float("GPUSHARE_WORKER_DRAIN_S", 30.0)
 # --- Online path ----------------------------------------------------------------------
 # Largest JSON body the OpenAI-compatible API accepts (413 above it).
 GPUSHARE_MAX_BODY_BYTES = env_int("GPUSHARE_MAX_BODY_BYTES", 4 * 1024 * 1024)
-DATA_UPLOAD_MAX_MEMORY_SIZE = GPUSHARE_MAX_BODY_BYTES
+# Largest body of every other request (config/asgi.py, `body_limit_of`): the tenant API's
+# other calls, the admin API, the console's and Django admin's forms; a batch input's upload
+# has GPUSHARE_BATCH_MAX_FILE_BYTES. Bounded before anything reads it, login included, so that
+# nobody makes the web spool a body it never reads.
+GPUSHARE_MAX_OTHER_BODY_BYTES = env_int("GPUSHARE_MAX_OTHER_BODY_BYTES", 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = GPUSHARE_MAX_OTHER_BODY_BYTES
 # Redis connections one web event loop holds at most: commands in flight (admissions'
 # scripts, cancels, the inbox's read); waiting requests hold none. A command beyond them waits
 # for one to come back.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import logging
 import secrets
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,26 +118,49 @@ def file_upload(
     *, tenant: Tenant, purpose: str, filename: str, chunks: Iterable[bytes]
 ) -> StoredFile:
     """Stores a tenant's upload, within what its files may take in all
-    (GPUSHARE_TENANT_MAX_STORED_BYTES; the batches' outputs count, and are always written)."""
+    (GPUSHARE_TENANT_MAX_STORED_BYTES; the batches' outputs count, and are always written).
+
+    The room is looked at twice: before the bytes are written, to bound the write, and again
+    once their size is known, under a lock on the tenant's row, in the transaction that
+    records the file. Concurrent uploads so take their turns at the second look, each
+    seeing the files recorded before it: together they never pass the limit."""
     allowed = settings.GPUSHARE_TENANT_MAX_STORED_BYTES
-    stored = StoredFile.objects.filter(tenant=tenant).aggregate(total=Sum("size_bytes"))["total"]
-    room = allowed - (stored or 0)
-    full = StorageFull(
-        f"The tenant's files take {stored or 0} of the {allowed} bytes they may; delete some "
-        "(DELETE /v1/files/{file_id}) before uploading more.",
-        param="file",
-    )
+    room = allowed - _stored_bytes(tenant)
     if room <= 0:
-        raise full
+        raise _storage_full(allowed - room, allowed)
+
+    def within_room(size: int) -> None:
+        stored = _stored_bytes(tenant)
+        if stored + size > allowed:
+            raise _storage_full(stored, allowed)
+
     limit = settings.GPUSHARE_BATCH_MAX_FILE_BYTES
     try:
         return file_create(
-            tenant=tenant, purpose=purpose, filename=filename, chunks=chunks, limit=min(limit, room)
+            tenant=tenant,
+            purpose=purpose,
+            filename=filename,
+            chunks=chunks,
+            limit=min(limit, room),
+            admit=within_room,
         )
     except FileTooLarge:
         if room < limit:
-            raise full from None
+            raise _storage_full(allowed - room, allowed) from None
         raise
+
+
+def _stored_bytes(tenant: Tenant) -> int:
+    total = StoredFile.objects.filter(tenant=tenant).aggregate(total=Sum("size_bytes"))["total"]
+    return int(total or 0)
+
+
+def _storage_full(stored: int, allowed: int) -> StorageFull:
+    return StorageFull(
+        f"The tenant's files take {stored} of the {allowed} bytes they may; delete some "
+        "(DELETE /v1/files/{file_id}) before uploading more.",
+        param="file",
+    )
 
 
 def file_create(
@@ -147,9 +170,12 @@ def file_create(
     filename: str,
     chunks: Iterable[bytes],
     limit: int | None = None,
+    admit: Callable[[int], None] | None = None,
 ) -> StoredFile:
     """Stores an upload (or a batch's output) for `tenant`, of at most `limit` bytes (default
-    GPUSHARE_BATCH_MAX_FILE_BYTES)."""
+    GPUSHARE_BATCH_MAX_FILE_BYTES). `admit(size)`, when given, decides whether the written
+    file is kept (it raises to refuse it): it runs under a lock on the tenant's row, in the
+    transaction that records the file, so that one file of the tenant is admitted at a time."""
     if purpose not in FilePurpose.values:
         raise InvalidFile(
             f"Unsupported purpose {purpose!r}; use 'batch'.",
@@ -162,14 +188,20 @@ def file_create(
     relative = f"{tenant.pk}/{public_id}.jsonl"
     size = _save(relative, chunks, limit or settings.GPUSHARE_BATCH_MAX_FILE_BYTES)
     try:
-        return StoredFile.objects.create(
-            public_id=public_id,
-            tenant=tenant,
-            purpose=purpose,
-            filename=(filename or "upload.jsonl")[:255],
-            size_bytes=size,
-            relative_path=relative,
-        )
+        with transaction.atomic():
+            if admit is not None:
+                # Held until the row below is committed: the next admission waits, then
+                # counts this file.
+                list(Tenant.objects.select_for_update().filter(pk=tenant.pk).values("pk"))
+                admit(size)
+            return StoredFile.objects.create(
+                public_id=public_id,
+                tenant=tenant,
+                purpose=purpose,
+                filename=(filename or "upload.jsonl")[:255],
+                size_bytes=size,
+                relative_path=relative,
+            )
     except BaseException:
         _discard(relative)
         raise

@@ -152,3 +152,48 @@ def test_content_over_asgi_is_streamed_a_block_at_a_time(files_dir, owner_key):
     content = JSONL * 20_000  # several blocks
     file_id = upload(bearer_client(owner_key), content).json()["id"]
     assert_streamed_over_asgi(owner_key, file_id, content)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_uploads_together_never_pass_the_tenants_storage_limit(
+    files_dir, owner, settings
+):
+    """Eight uploads at once, each of which fits alone: all look at the room before any is
+    recorded (a barrier holds their bytes until every one has looked), and only the three
+    that fit together are kept. Real threads, each with its own database connection."""
+    import threading
+
+    from django.db import connection
+
+    if connection.vendor != "postgresql":  # SQLite's test database is shared memory
+        pytest.skip("concurrent writers need a database server: set DATABASE_URL")
+
+    from scheduler.batches import files
+    from scheduler.models import StoredFile
+
+    size, uploads = 1000, 8
+    settings.GPUSHARE_TENANT_MAX_STORED_BYTES = 3 * size + size // 2
+    looked = threading.Barrier(uploads, timeout=20)
+    outcomes: list[str] = []
+
+    def chunks():
+        looked.wait()  # every upload has passed the first look at the room
+        yield b"\n" * size
+
+    def upload_one() -> None:
+        try:
+            files.file_upload(tenant=owner, purpose="batch", filename="a.jsonl", chunks=chunks())
+            outcomes.append("stored")
+        except files.StorageFull:
+            outcomes.append("full")
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=upload_one) for _ in range(uploads)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert sorted(outcomes) == ["full"] * 5 + ["stored"] * 3
+    assert StoredFile.objects.filter(tenant=owner).count() == 3
+    assert len([p for p in files_dir.rglob("*") if p.is_file()]) == 3  # the refused left nothing

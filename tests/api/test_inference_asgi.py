@@ -25,13 +25,6 @@ def error_of(response) -> dict:
     return error
 
 
-@pytest.mark.parametrize("path", [CHAT, "/v1/completions"])
-def test_only_post_is_allowed(path):
-    response = asgi_request("GET", path)
-    assert response.status_code == 405
-    assert error_of(response)["code"] == "method_not_allowed"
-
-
 @pytest.fixture
 def auth(transactional_db) -> dict[str, str]:
     """A live tenant key's header (the key is looked up in a thread: its row is committed)."""
@@ -40,6 +33,13 @@ def auth(transactional_db) -> dict[str, str]:
 
     key = api_key_create(tenant=TenantFactory.create(slug="acme"), name="k").raw_key
     return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.mark.parametrize("path", [CHAT, "/v1/completions"])
+def test_only_post_is_allowed(path, auth):
+    response = asgi_request("GET", path, headers=auth)
+    assert response.status_code == 405
+    assert error_of(response)["code"] == "method_not_allowed"
 
 
 def test_a_body_over_the_limit_is_refused_before_it_is_read_whole(settings, auth):
@@ -92,12 +92,10 @@ def test_a_request_without_a_key_is_401():
     assert response.headers["x-content-type-options"] == "nosniff"
 
 
-@pytest.mark.django_db
-def test_other_paths_are_served_by_django():
+def test_other_paths_are_served_by_django(auth):
     assert asgi_request("GET", "/healthz").status_code == 200
-    models = asgi_request("GET", "/v1/models")  # DRF: a key is required there too
-    assert models.status_code == 401
-    assert asgi_request("GET", "/v1/chat/completions/").status_code == 404
+    assert asgi_request("GET", "/v1/models", headers=auth).status_code == 200
+    assert asgi_request("GET", "/v1/chat/completions/", headers=auth).status_code == 404
 
 
 def test_the_web_s_redis_connections_are_as_many_as_the_setting_says(settings):
@@ -483,11 +481,11 @@ def test_a_tenant_sends_the_optional_fields_its_operator_enabled_and_no_others(a
     assert error_of(taken)["code"] == "model_not_found"
 
 
-@pytest.mark.django_db
-def test_an_unknown_path_of_the_tenant_api_is_an_openai_404_and_others_djangos():
+def test_an_unknown_path_of_the_tenant_api_is_an_openai_404_and_others_djangos(auth):
     for method, path in (("GET", "/v1/embeddingz"), ("GET", "/v1/chat/completions/"),
                          ("DELETE", "/v1/nothing/here")):  # fmt: skip
-        response = asgi_request(method, path)
+        assert asgi_request(method, path).status_code == 401  # the key first, as everywhere
+        response = asgi_request(method, path, headers=auth)
         assert response.status_code == 404
         assert error_of(response) == {
             "message": f"Invalid URL ({method} {path})", "type": "invalid_request_error",
@@ -498,13 +496,13 @@ def test_an_unknown_path_of_the_tenant_api_is_an_openai_404_and_others_djangos()
     assert "application/json" not in page.headers["content-type"]
 
 
-@pytest.mark.django_db
-def test_every_answer_of_the_tenant_api_carries_a_request_id_errors_included():
+def test_every_answer_of_the_tenant_api_carries_a_request_id_errors_included(auth):
     answers = [
-        asgi_request("GET", "/v1/models"),  # Django, 401
+        asgi_request("GET", "/v1/models", headers=auth),  # Django, 200
         asgi_request("POST", CHAT, json={"model": "m"}),  # the key gate, 401
-        asgi_request("GET", "/v1/no-such-thing"),  # 404
-        asgi_request("GET", CHAT),  # the inference app, 405
+        asgi_request("GET", "/v1/no-such-thing", headers=auth),  # Django, 404
+        asgi_request("GET", CHAT, headers=auth),  # the inference app, 405
+        asgi_request("POST", CHAT, content=b"x" * (5 << 20), headers=auth),  # too large, 413
     ]
     ids = [answer.headers.get("x-request-id") for answer in answers]
     assert all(ids), ids
@@ -598,3 +596,219 @@ def test_a_tenant_without_minute_limits_gets_no_rate_limit_headers(redis_db, tmp
     assert answered.status_code == 200
     assert answered.headers["x-request-id"]
     assert not [k for k in answered.headers if k.startswith("x-ratelimit-")]
+
+
+# --- bodies are bounded before anything reads them (config.asgi, plumbing.body_limit) -----
+
+HUGE = 50 * 1024**3  # what a client may declare; nothing of it is read
+CHUNK = 64 * 1024
+
+
+class EndlessClient:
+    """The server's side of a request whose body never ends: `receive` gives 64 KiB chunks
+    for as long as it is asked, and counts them."""
+
+    def __init__(self) -> None:
+        self.pulled = 0
+        self.sent: list[dict] = []
+
+    async def receive(self) -> dict:
+        self.pulled += CHUNK
+        await asyncio.sleep(0)
+        return {"type": "http.request", "body": b"x" * CHUNK, "more_body": True}
+
+    async def send(self, message: dict) -> None:
+        self.sent.append(message)
+
+    @property
+    def status(self) -> int:
+        return int(self.sent[0]["status"])
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(m.get("body", b"") for m in self.sent[1:])
+
+
+@pytest.fixture
+def app_reads(monkeypatch) -> list[int]:
+    """The body's bytes that reached the application behind the layers (Django or the
+    inference endpoints), as its `receive` returned them."""
+    import config.asgi
+
+    reads: list[int] = []
+
+    def counted(app):
+        async def app_counting(scope, receive, send):
+            async def receive_counting():
+                message = await receive()
+                reads.append(len(message.get("body", b"")))
+                return message
+
+            await app(scope, receive_counting, send)
+
+        return app_counting
+
+    monkeypatch.setattr(config.asgi, "django_application", counted(config.asgi.django_application))
+    monkeypatch.setattr(config.asgi, "inference_app", counted(config.asgi.inference_app))
+    return reads
+
+
+def serve_endless(method: str, path: str, headers: dict[str, str]) -> EndlessClient:
+    """Sends `application` a request whose body never ends; it must be answered in 5 s."""
+    from config.asgi import application
+
+    client = EndlessClient()
+    encoded = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    scope = {"type": "http", "method": method, "path": path, "query_string": b"",
+             "headers": [(b"host", b"testserver"), *encoded]}  # fmt: skip
+    started = time.monotonic()
+    asyncio.run(asyncio.wait_for(application(scope, client.receive, client.send), timeout=5))
+    assert time.monotonic() - started < 5
+    assert len([m for m in client.sent if m["type"] == "http.response.start"]) == 1
+    return client
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("POST", "/admin/login/"), ("POST", "/api/v1/tenants/"), ("POST", "/console/tenants/"),
+     ("GET", "/v1/files"), ("DELETE", "/v1/files/file-1"), ("POST", "/v1/files"),
+     ("POST", CHAT), ("POST", "/v1/batches")],
+)  # fmt: skip
+def test_a_declared_huge_body_is_refused_before_a_byte_is_read(auth, app_reads, method, path):
+    client = serve_endless(method, path, {**auth, "Content-Length": str(HUGE)})
+    assert client.status == 413
+    assert client.pulled == 0
+    assert app_reads == []  # the application was never called
+    if path.startswith("/v1/"):
+        assert json.loads(client.body)["error"]["code"] == "request_too_large"
+    else:
+        assert b"larger than the limit" in client.body
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("GET", "/v1/files"), ("DELETE", "/v1/files/file-1"), ("GET", "/v1/models"),
+     ("POST", "/v1/files"), ("GET", CHAT)],
+)  # fmt: skip
+@pytest.mark.parametrize("length", [str(HUGE), None])
+def test_no_key_no_body_whatever_the_method(transactional_db, app_reads, method, path, length):
+    client = serve_endless(method, path, {"Content-Length": length} if length else {})
+    assert client.status == 401
+    assert json.loads(client.body)["error"]["type"] == "authentication_error"
+    assert client.pulled == 0
+    assert app_reads == []
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "limit_setting"),
+    [("POST", "/admin/login/", "GPUSHARE_MAX_OTHER_BODY_BYTES"),
+     ("POST", "/api/v1/tenants/", "GPUSHARE_MAX_OTHER_BODY_BYTES"),
+     ("GET", "/v1/files", "GPUSHARE_MAX_OTHER_BODY_BYTES"),
+     ("POST", "/v1/batches", "GPUSHARE_MAX_OTHER_BODY_BYTES"),
+     ("POST", CHAT, "GPUSHARE_MAX_BODY_BYTES"),
+     ("POST", "/v1/files", "GPUSHARE_BATCH_MAX_FILE_BYTES")],
+)  # fmt: skip
+def test_a_chunked_body_that_never_ends_is_cut_off_at_the_routes_limit(
+    settings, auth, app_reads, method, path, limit_setting
+):
+    from config.asgi import MULTIPART_OVERHEAD_BYTES
+
+    setattr(settings, limit_setting, 300_000)
+    limit = 300_000 + (MULTIPART_OVERHEAD_BYTES if path == "/v1/files" else 0)
+    client = serve_endless(method, path, auth)  # no Content-Length: chunked
+    assert client.status == 413
+    assert sum(app_reads) <= limit  # what the application was handed
+    assert client.pulled <= limit + CHUNK  # and all that was read: up to the chunk past it
+    if path.startswith("/v1/"):
+        assert json.loads(client.body)["error"]["code"] == "request_too_large"
+
+
+def test_a_body_within_the_routes_limit_is_read_whole(settings, auth):
+    from config.asgi import body_limit_of
+
+    settings.GPUSHARE_MAX_OTHER_BODY_BYTES = 1000
+    auth = {**auth, "Content-Type": "application/json"}
+    within = asgi_request("POST", "/v1/batches", content=b"{" + b" " * 998 + b"}", headers=auth)
+    assert within.status_code == 400  # past the limit, to the view: the fields are missing
+    assert error_of(within)["param"] == "input_file_id"
+    over = asgi_request("POST", "/v1/batches", content=b"{" + b" " * 999 + b"}", headers=auth)
+    assert over.status_code == 413
+    scope = {"method": "POST", "path": "/v1/files"}
+    assert body_limit_of(scope) == settings.GPUSHARE_BATCH_MAX_FILE_BYTES + 64 * 1024
+
+
+def test_a_real_server_answers_a_declared_huge_body_at_once_and_reads_none_of_it(db):
+    """uvicorn serving the web: 50 GiB declared to the Django admin's login, or to the admin
+    API chunked without end, is answered 413 at once and the connection closed. (A server
+    that closes a connection with unread bytes makes its kernel reset it, which may discard
+    the 413 before the client reads it: a reset counts as the answer too.)"""
+    import socket
+
+    import uvicorn
+
+    from config.asgi import application
+    from tests.support.harness import free_port
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(application, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for head in (
+            f"POST /admin/login/ HTTP/1.1\r\nHost: t\r\nContent-Length: {HUGE}\r\n\r\n",
+            "POST /api/v1/tenants/ HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(head.encode())
+                started = time.monotonic()
+                answer, sent, closed = b"", 0, False
+                sock.setblocking(False)
+                while not closed and time.monotonic() - started < 5:
+                    try:  # the client keeps sending as long as the server reads
+                        sent += sock.send(b"10000\r\n" + b"x" * 0x10000 + b"\r\n")
+                    except BlockingIOError:
+                        time.sleep(0.01)
+                    except (BrokenPipeError, ConnectionResetError):
+                        closed = True
+                    try:
+                        received = sock.recv(65536)
+                        answer += received
+                        closed = closed or not received
+                    except BlockingIOError:
+                        pass
+                    except ConnectionResetError:
+                        closed = True
+                assert closed, (head, answer)
+                assert time.monotonic() - started < 3, (head, sent)
+                if answer:
+                    assert answer.startswith(b"HTTP/1.1 413 "), answer
+                    assert b"connection: close" in answer.lower()
+                assert sent < 4 * 1024 * 1024  # a little past 1 MiB in the socket buffers
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_the_ingress_takes_no_body_larger_than_the_web_s_largest_limit(settings):
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from config.asgi import body_limit_of
+
+    ingress = Path(__file__).resolve().parents[2] / "platform/k8s/production/ingress.yaml"
+    annotations = yaml.safe_load(ingress.read_text())["metadata"]["annotations"]
+    size = annotations["nginx.ingress.kubernetes.io/proxy-body-size"]
+    spelled = re.fullmatch(r"(\d+)([km]?)", size)  # nginx's sizes; 0 is no limit
+    assert spelled is not None, size
+    number, unit = spelled.groups()
+    allowed = int(number) * {"": 1, "k": 1024, "m": 1024**2}[unit]
+    largest = max(
+        body_limit_of({"method": method, "path": path})
+        for method, path in (("POST", "/v1/files"), ("POST", CHAT), ("POST", "/admin/login/"))
+    )
+    assert largest <= allowed < largest + 1024**2
