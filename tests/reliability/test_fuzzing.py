@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.reliability.conftest import MODEL, Stack
-from tests.reliability.helpers import make_tenant, wait_until
+from tests.reliability.helpers import make_tenant, usage_rows, wait_until
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -188,6 +188,16 @@ HOSTILE: dict[str, tuple[str, bytes]] = {
     "responses image input": (RESPONSES, js({"model": MODEL, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "file:///etc/passwd"}]}]})),
     "responses server tool": (RESPONSES, js({"model": MODEL, "input": "x", "tools": [{"type": "web_search"}]})),
     "responses input number": (RESPONSES, js({"model": MODEL, "input": 5})),
+    # The second round: the prompt's logprobs through chat, a ledger-breaking end user, an
+    # answer too large to hold whole.
+    "chat echo with logprobs": (CHAT, chat(echo=True, logprobs=True, top_logprobs=5)),
+    "NUL in user": (CHAT, chat(user="a\u0000b")),
+    "NUL in completions user": (COMPLETIONS, js({"model": MODEL, "prompt": "x", "max_tokens": 2, "user": "\u0000"})),
+    "NUL in responses user": (RESPONSES, js({"model": MODEL, "input": "x", "user": "\u0000"})),
+    "escape in user": (CHAT, chat(user="\u001b[31m")),
+    "n=64 top_logprobs 20 whole": (CHAT, js({"model": MODEL, "messages": HELLO, "n": 64, "logprobs": True, "top_logprobs": 20})),
+    "completions logprobs whole": (COMPLETIONS, js({"model": MODEL, "prompt": "x", "n": 64, "logprobs": 20})),
+    "responses top_logprobs whole": (RESPONSES, js({"model": MODEL, "input": "x", "top_logprobs": 20, "max_output_tokens": 1_000_000})),
 }  # fmt: skip
 
 
@@ -330,6 +340,17 @@ def test_hostile_uploads_are_refused_or_stored_safely(
     stack.platform.assert_alive()
 
 
-def test_the_platform_is_still_healthy_after_the_fuzzing(stack: Stack) -> None:
+def test_the_platform_is_still_healthy_after_the_fuzzing(stack: Stack, http: httpx.Client) -> None:
+    """Ready, and its ledger still moving (on PostgreSQL, a NUL in a row once stopped it):
+    a request after the fuzzing reaches it."""
     assert httpx.get(stack.platform.base_url + "/readyz", timeout=10).status_code == 200
+    slug, key = make_tenant(stack.platform, quota_units="2")
+    answered = http.post(
+        CHAT, content=chat(user="after-fuzzing"), headers={"Authorization": f"Bearer {key}"}
+    )
+    assert answered.status_code == 200, answered.text[:500]
+    rows = wait_until(
+        lambda: usage_rows(stack.platform, slug), 30, "the ledger row after the fuzzing"
+    )
+    assert rows[0]["outcome"] == "success"
     stack.platform.assert_alive()
