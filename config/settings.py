@@ -46,9 +46,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "staff",
     "tenants",
     "scheduler",
     "telemetry",
@@ -183,7 +183,7 @@ CELERY_BEAT_SCHEDULER = "config.beat:PunctualScheduler"
 # --- REST framework -------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        # First: its `Bearer` is what a 401 asks for (WWW-Authenticate).
         "config.authentication.StaffBearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],

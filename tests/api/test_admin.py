@@ -1,6 +1,7 @@
 import pytest
 from rest_framework.test import APIClient
 
+from staff.tokens import admin_token_create, admin_token_revoke
 from tenants.models import ApiKey, Tenant
 from tests.conftest import bearer_client
 
@@ -130,3 +131,27 @@ def test_a_tenant_with_usage_history_is_kept_with_a_clear_409(staff_client, owne
     assert response.status_code == 409
     assert "deactivate it instead" in response.json()["detail"]
     assert Tenant.objects.filter(slug="acme").exists()
+
+
+# --- tokens -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keyword", ["Bearer", "Token"])
+def test_an_admin_token_opens_the_api_until_it_is_revoked(keyword, staff_user):
+    issued = admin_token_create(user=staff_user, name="ci")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"{keyword} {issued.raw_token}")
+    assert client.get("/api/v1/tenants/").status_code == 200
+    issued.token.refresh_from_db()
+    assert issued.token.last_used_at is not None
+    admin_token_revoke(token=issued.token)
+    refused = client.get("/api/v1/tenants/")
+    assert refused.status_code == 401
+    assert refused["WWW-Authenticate"] == "Bearer"
+
+
+def test_an_unknown_token_or_a_tenant_key_does_not_open_the_admin_api(owner_key):
+    for header in ("Bearer gsa-nothing", f"Bearer {owner_key.raw_key}", "Token", "Bearer a b"):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=header)
+        assert client.get("/api/v1/tenants/").status_code == 401, header
