@@ -187,7 +187,8 @@ REST_FRAMEWORK = {
         "config.authentication.StaffBearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    # Each view's permission by method, held by a staff role (staff/roles.py).
+    "DEFAULT_PERMISSION_CLASSES": ["staff.access.RolePermission"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,

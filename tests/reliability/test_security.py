@@ -23,6 +23,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from staff.roles import Role, role_assign
 from tenants.models import ApiKey
 from tenants.services import api_key_authenticate
 from tests.factories import TenantFactory
@@ -248,7 +249,7 @@ def test_the_console_requires_staff() -> None:
 
 @pytest.mark.django_db
 def test_console_forms_refuse_a_post_without_its_csrf_token() -> None:
-    User.objects.create_user("op", password="pw-op", is_staff=True)
+    role_assign(user=User.objects.create_user("op", password="pw-op"), role=Role.ADMIN)
     browser = Client(enforce_csrf_checks=True)
     assert browser.login(username="op", password="pw-op")
     url = reverse("console:tenant-create")
