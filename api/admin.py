@@ -1,4 +1,7 @@
-"""Admin REST API (staff only): tenants, their quotas and their API keys. Thin views."""
+"""Admin REST API (staff only): tenants, their quotas and their API keys. Thin views.
+
+Each view names the permission of each method it serves (`required_perms`, checked by
+staff.access.RolePermission, DRF's default); reads it does not name need `Perm.VIEW`."""
 
 from __future__ import annotations
 
@@ -13,19 +16,11 @@ from rest_framework.views import APIView
 
 from capacity.units import format_units
 from protocol.classes import REQUEST_CLASSES, RequestClass
+from staff.access import require
+from staff.roles import TENANT_LIMIT_FIELDS, Perm
 from tenants import selectors, services
 from tenants.auth import TenantApiView
 from tenants.models import ApiKey, BudgetPeriod, Tenant
-
-_QUOTA_FIELDS = (
-    "weight",
-    "quota_units",
-    "burst_units",
-    "rpm_limit",
-    "tpm_limit",
-    "token_budget",
-    "budget_period",
-)
 
 
 class TenantOutput(serializers.ModelSerializer[Tenant]):
@@ -132,6 +127,8 @@ def _paginated(request: Request, view: APIView, rows: Any, serializer: Any) -> R
 
 
 class TenantListCreateApi(APIView):
+    required_perms = {"POST": Perm.CHANGE_TENANT_ACCESS}
+
     @extend_schema(responses=TenantOutput(many=True), operation_id="tenants_list")
     def get(self, request: Request) -> Response:
         return _paginated(request, self, selectors.tenant_list(), TenantOutput)
@@ -145,6 +142,8 @@ class TenantListCreateApi(APIView):
 
 
 class TenantDetailApi(APIView):
+    required_perms = {"PATCH": Perm.CHANGE_TENANT_LIMITS, "DELETE": Perm.CHANGE_TENANT_ACCESS}
+
     @extend_schema(responses=TenantOutput)
     def get(self, request: Request, slug: str) -> Response:
         return Response(TenantOutput(selectors.tenant_get(slug=slug)).data)
@@ -154,6 +153,8 @@ class TenantDetailApi(APIView):
         tenant = selectors.tenant_get(slug=slug)
         payload = TenantUpdateInput(data=request.data, partial=True)
         payload.is_valid(raise_exception=True)
+        if set(payload.validated_data) - TENANT_LIMIT_FIELDS:
+            require(request, Perm.CHANGE_TENANT_ACCESS)  # beyond quotas and limits
         tenant = services.tenant_update(tenant=tenant, **payload.validated_data)
         return Response(TenantOutput(tenant).data)
 
@@ -164,6 +165,8 @@ class TenantDetailApi(APIView):
 
 
 class TenantQuotaApi(APIView):
+    required_perms = {"PUT": Perm.CHANGE_TENANT_LIMITS, "PATCH": Perm.CHANGE_TENANT_LIMITS}
+
     @extend_schema(responses=QuotaSerializer)
     def get(self, request: Request, slug: str) -> Response:
         return Response(QuotaSerializer(selectors.tenant_get(slug=slug)).data)
@@ -180,12 +183,14 @@ class TenantQuotaApi(APIView):
         tenant = selectors.tenant_get(slug=slug)
         payload = QuotaSerializer(data=request.data, partial=partial)
         payload.is_valid(raise_exception=True)
-        changes = {k: v for k, v in payload.validated_data.items() if k in _QUOTA_FIELDS}
+        changes = {k: v for k, v in payload.validated_data.items() if k in TENANT_LIMIT_FIELDS}
         tenant = services.tenant_update(tenant=tenant, **changes)
         return Response(QuotaSerializer(tenant).data)
 
 
 class ApiKeyListCreateApi(APIView):
+    required_perms = {"POST": Perm.MANAGE_KEYS}
+
     @extend_schema(responses=ApiKeyOutput(many=True), operation_id="tenant_keys_list")
     def get(self, request: Request, slug: str) -> Response:
         tenant = selectors.tenant_get(slug=slug)
@@ -202,6 +207,8 @@ class ApiKeyListCreateApi(APIView):
 
 
 class ApiKeyDetailApi(APIView):
+    required_perms = {"DELETE": Perm.MANAGE_KEYS}
+
     @extend_schema(responses=ApiKeyOutput)
     def get(self, request: Request, slug: str, key_id: int) -> Response:
         tenant = selectors.tenant_get(slug=slug)
@@ -213,6 +220,8 @@ class ApiKeyDetailApi(APIView):
 
 
 class ApiKeyRevokeApi(APIView):
+    required_perms = {"POST": Perm.MANAGE_KEYS}
+
     @extend_schema(request=None, responses=ApiKeyOutput)
     def post(self, request: Request, slug: str, key_id: int) -> Response:
         return _revoke(slug, key_id)

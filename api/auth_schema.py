@@ -29,6 +29,6 @@ class TenantKeyScheme(_BearerScheme):
 
 
 class StaffBearerTokenScheme(_BearerScheme):
-    # A subclass of DRF's TokenAuthentication, which drf-spectacular names tokenAuth too.
+    # Sent as `Bearer <token>` (or `Token <token>`, the same token): described as a bearer.
     target_class = "config.authentication.StaffBearerTokenAuthentication"
     name = "staffBearerToken"

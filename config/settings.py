@@ -47,9 +47,9 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "staff",
     "tenants",
     "scheduler",
     "telemetry",
@@ -188,11 +188,12 @@ CELERY_BEAT_SCHEDULER = "config.beat:PunctualScheduler"
 # --- REST framework -------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        # First: its `Bearer` is what a 401 asks for (WWW-Authenticate).
         "config.authentication.StaffBearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAdminUser"],
+    # Each view's permission by method, held by a staff role (staff/roles.py).
+    "DEFAULT_PERMISSION_CLASSES": ["staff.access.RolePermission"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
     "PAGE_SIZE": 50,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from django.contrib import messages
-from django.contrib.admin.views.decorators import staff_member_required
 from django.db.models import Count
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
@@ -21,6 +20,8 @@ from scheduler.models import (
     BatchStatus,
     LineState,
 )
+from staff.access import console_permission
+from staff.roles import Perm
 
 # --- batches ----------------------------------------------------------------------------------
 
@@ -35,7 +36,7 @@ def _batch_or_404(batch_id: str) -> Batch:
     return batch_selectors.batch_get(tenant=found.tenant, batch_id=batch_id)
 
 
-@staff_member_required
+@console_permission(Perm.VIEW)
 def batch_list_page(request: HttpRequest) -> HttpResponse:
     status = request.GET.get("status", "")
     tenant = request.GET.get("tenant", "")
@@ -65,7 +66,7 @@ def _line_counts(batch: Batch) -> list[tuple[str, int]]:
     return [(state, counts.get(state, 0)) for state in LineState.values]
 
 
-@staff_member_required
+@console_permission(Perm.VIEW)
 def batch_detail(request: HttpRequest, batch_id: str) -> HttpResponse:
     batch = _batch_or_404(batch_id)
     failed = batch.lines.filter(
@@ -96,7 +97,7 @@ def batch_detail(request: HttpRequest, batch_id: str) -> HttpResponse:
     return render(request, "console/batches/detail.html", context)
 
 
-@staff_member_required
+@console_permission(Perm.READ_TENANT_DATA)
 def batch_file(request: HttpRequest, batch_id: str, file_id: str) -> FileResponse:
     """A batch's input, output or error file, for operators (tenants use /v1/files)."""
     batch = _batch_or_404(batch_id)
@@ -112,7 +113,7 @@ def batch_file(request: HttpRequest, batch_id: str, file_id: str) -> FileRespons
         raise Http404(f"The bytes of {file_id} are gone.") from None
 
 
-@staff_member_required
+@console_permission(Perm.CANCEL_BATCHES)
 @require_POST
 def batch_cancel(request: HttpRequest, batch_id: str) -> HttpResponseRedirect:
     batch = _batch_or_404(batch_id)

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.contrib import messages
-from django.contrib.admin.views.decorators import staff_member_required
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.utils.safestring import mark_safe
@@ -33,6 +32,8 @@ from scheduler.selectors import (
     engine_list,
 )
 from scheduler.services import NoRoom, engine_check_room_to_start, engine_set_status
+from staff.access import console_permission
+from staff.roles import Perm
 
 
 def _engine_or_404(name: str) -> Engine:
@@ -42,7 +43,7 @@ def _engine_or_404(name: str) -> Engine:
         raise Http404(str(exc)) from None
 
 
-@staff_member_required
+@console_permission(Perm.VIEW)
 def engine_list_page(request: HttpRequest) -> HttpResponse:
     snapshot = fair_queue().snapshot()
     rows = engine_rows(list(engine_list()), snapshot)
@@ -124,7 +125,7 @@ def _engine_context(engine: Engine) -> dict[str, object]:
     }
 
 
-@staff_member_required
+@console_permission(Perm.VIEW)
 def engine_detail(request: HttpRequest, name: str) -> HttpResponse:
     engine = _engine_or_404(name)
     template = (
@@ -133,7 +134,7 @@ def engine_detail(request: HttpRequest, name: str) -> HttpResponse:
     return render(request, template, _engine_context(engine))
 
 
-@staff_member_required
+@console_permission(Perm.OPERATE_ENGINES)
 @require_POST
 def engine_action(request: HttpRequest, name: str, action: str) -> HttpResponseRedirect:
     """start / drain / stop. Start and stop run in a Celery task (they take minutes); the

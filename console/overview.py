@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -23,6 +22,8 @@ from scheduler.selectors import (
     device_list,
     engine_list,
 )
+from staff.access import console_permission
+from staff.roles import Perm
 from telemetry.gpus import gpu_live
 
 
@@ -95,12 +96,12 @@ def _overview_context() -> dict[str, object]:
     }
 
 
-@staff_member_required
+@console_permission(Perm.VIEW)
 def overview(request: HttpRequest) -> HttpResponse:
     return render(request, "console/overview.html", _overview_context())
 
 
-@staff_member_required
+@console_permission(Perm.VIEW)
 def overview_live(request: HttpRequest) -> HttpResponse:
     """The overview's live part, which the page swaps in every few seconds."""
     return render(request, "console/_overview_live.html", _overview_context())

@@ -3,7 +3,6 @@ need, and how many engines and GPUs a fleet takes (`capacity.planner`)."""
 
 from __future__ import annotations
 
-from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils.safestring import mark_safe
@@ -19,11 +18,13 @@ from capacity.planner import (
 from capacity.units import GIB
 from console.charts import Segment, stacked_bar
 from console.planner_forms import PlannerForm
+from staff.access import console_permission
+from staff.roles import Perm
 
 COLOURS = {"weights": "#5b6b8c", "reserve": "#c98a2b", "kv": "#2f9e6e", "unused": "#c9ced6"}
 
 
-@staff_member_required
+@console_permission(Perm.VIEW)
 def planner(request: HttpRequest) -> HttpResponse:
     form = PlannerForm(request.GET)
     memory: MemoryPlan | None = None

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -30,6 +29,8 @@ from scheduler.seats.report import bounds_line, limit_text
 from scheduler.selectors import (
     engine_list,
 )
+from staff.access import console_permission
+from staff.roles import Perm
 from telemetry.engines import engine_live
 
 
@@ -209,11 +210,11 @@ def _queues_context() -> dict[str, object]:
     }
 
 
-@staff_member_required
+@console_permission(Perm.VIEW)
 def queues(request: HttpRequest) -> HttpResponse:
     return render(request, "console/queues.html", _queues_context())
 
 
-@staff_member_required
+@console_permission(Perm.VIEW)
 def queues_live(request: HttpRequest) -> HttpResponse:
     return render(request, "console/_queues_live.html", _queues_context())

@@ -7,13 +7,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django import forms
-from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 from django.utils.safestring import mark_safe
 
 from console.charts import Meter, Series, line_chart, meter_chart
+from staff.access import console_permission
+from staff.roles import Perm
 from tenants import reports, selectors
 from tenants.models import Tenant
 
@@ -153,7 +154,7 @@ def _utc(moment: datetime | None) -> datetime | None:
 REPORT_ROWS_SHOWN = 200
 
 
-@staff_member_required
+@console_permission(Perm.VIEW)
 def reports_view(request: HttpRequest) -> HttpResponse:
     form = ReportForm(request.GET)
     context: dict[str, Any] = {"section": "reports", "form": form}

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 
-from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from plumbing.errors import NotFound
+from staff.access import console_permission
+from staff.roles import Perm
 from tenants import selectors
 
 # --- one request, by its id ------------------------------------------------------------------
@@ -18,7 +19,7 @@ from tenants import selectors
 REQUEST_ID_MAX_CHARS = 64
 
 
-@staff_member_required
+@console_permission(Perm.VIEW)
 def request_lookup(request: HttpRequest) -> HttpResponse:
     """A request's ledger row by its id (the `X-Request-Id` its answer carried)."""
     request_id = request.GET.get("id", "").strip()

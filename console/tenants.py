@@ -4,7 +4,6 @@ and limits), its API keys, and a preview of what a number of units means."""
 from __future__ import annotations
 
 from django.contrib import messages
-from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import redirect, render
@@ -18,6 +17,8 @@ from console.reports import USAGE_RANGES, usage_charts
 from console.tenant_forms import ApiKeyCreateForm, TenantCreateForm, TenantForm, add_service_errors
 from plumbing.errors import NotFound
 from scheduler.pools.policies import fair_queue
+from staff.access import console_permission
+from staff.roles import TENANT_LIMIT_FIELDS, Perm
 from tenants import reports, selectors, services
 from tenants.models import Tenant
 
@@ -31,7 +32,7 @@ def _tenant_or_404(slug: str) -> Tenant:
         raise Http404(str(exc)) from None
 
 
-@staff_member_required
+@console_permission(Perm.VIEW)
 def tenant_list(request: HttpRequest) -> HttpResponse:
     shown = request.GET.get("show", "all")
     tenants = list(selectors.tenant_list_with_key_counts(is_active=_ACTIVE_FILTERS.get(shown)))
@@ -52,7 +53,7 @@ def tenant_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-@staff_member_required
+@console_permission(Perm.CHANGE_TENANT_ACCESS)
 @require_http_methods(["GET", "POST"])
 def tenant_create(request: HttpRequest) -> HttpResponse:
     form = TenantCreateForm(request.POST or None, initial=TenantCreateForm.defaults())
@@ -67,7 +68,7 @@ def tenant_create(request: HttpRequest) -> HttpResponse:
     return render(request, "console/tenants/form.html", {"section": "tenants", "form": form})
 
 
-@staff_member_required
+@console_permission(Perm.VIEW)
 def tenant_detail(request: HttpRequest, slug: str) -> HttpResponse:
     tenant = _tenant_or_404(slug)
     return _render_detail(request, tenant, ApiKeyCreateForm())
@@ -102,11 +103,16 @@ def _allowance_bar(tenant: Tenant) -> str:
     )
 
 
-@staff_member_required
+@console_permission(Perm.CHANGE_TENANT_LIMITS)
 @require_http_methods(["GET", "POST"])
 def tenant_edit(request: HttpRequest, slug: str) -> HttpResponse:
     tenant = _tenant_or_404(slug)
     form = TenantForm(request.POST or None, initial=TenantForm.initial_for(tenant))
+    if not request.user.has_perm(Perm.CHANGE_TENANT_ACCESS.value):
+        # An operator changes quotas and limits: the other fields show, and keep their values
+        # whatever is posted (a disabled field's value is its initial one).
+        for name, field in form.fields.items():
+            field.disabled = name not in TENANT_LIMIT_FIELDS
     if request.method == "POST" and form.is_valid():
         try:
             services.tenant_update(tenant=tenant, **form.cleaned_data)
@@ -124,7 +130,7 @@ def tenant_edit(request: HttpRequest, slug: str) -> HttpResponse:
     )
 
 
-@staff_member_required
+@console_permission(Perm.VIEW)
 def units_preview(request: HttpRequest) -> HttpResponse:
     """'8 units = 2.0 GiB' for the number typed into a units field; empty if not a count."""
     typed = request.GET.get("quota_units", request.GET.get("burst_units", ""))
@@ -135,7 +141,7 @@ def units_preview(request: HttpRequest) -> HttpResponse:
     return HttpResponse(format_units(units) if units >= 0 else "")
 
 
-@staff_member_required
+@console_permission(Perm.MANAGE_KEYS)
 @require_POST
 def api_key_create(request: HttpRequest, slug: str) -> HttpResponse:
     tenant = _tenant_or_404(slug)
@@ -158,7 +164,7 @@ def api_key_create(request: HttpRequest, slug: str) -> HttpResponse:
     return _render_detail(request, tenant, form, status=400)
 
 
-@staff_member_required
+@console_permission(Perm.MANAGE_KEYS)
 @require_POST
 def api_key_revoke(request: HttpRequest, slug: str, key_id: int) -> HttpResponseRedirect:
     tenant = _tenant_or_404(slug)

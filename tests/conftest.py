@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 from django.conf import settings
 from django.contrib.auth.models import User
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from scheduler import worker_tasks
+from staff.roles import Role, role_assign
+from staff.tokens import admin_token_create
 from tenants.models import Tenant
 from tenants.services import IssuedKey, api_key_create
 from tests.factories import TenantFactory
@@ -32,15 +33,36 @@ def fresh_process_caches() -> None:
 
 @pytest.fixture
 def staff_user(db: None) -> User:
-    return User.objects.create_user("operator", "op@example.com", "pw-operator", is_staff=True)
+    """A staff user in the admin role: it may do everything the console and admin API do
+    (tests/console/test_roles.py holds what each role may)."""
+    user = User.objects.create_user("operator", "op@example.com", "pw-operator", is_staff=True)
+    role_assign(user=user, role=Role.ADMIN)
+    return user
 
 
 @pytest.fixture
 def staff_client(staff_user: User) -> APIClient:
     client = APIClient()
-    token = Token.objects.create(user=staff_user)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    token = admin_token_create(user=staff_user).raw_token
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
     return client
+
+
+@pytest.fixture
+def staff_member(db: None) -> Callable[[str | None], User]:
+    """A user per role name ("viewer", "operator", "admin"), "superuser", or None: staff in
+    no role."""
+
+    def make(role: str | None) -> User:
+        name = f"staff-{role or 'norole'}"
+        if role == "superuser":
+            return User.objects.create_superuser(name, f"{name}@example.com", "pw")
+        user = User.objects.create_user(name, f"{name}@example.com", "pw", is_staff=True)
+        if role is not None:
+            role_assign(user=user, role=Role(role))
+        return user
+
+    return make
 
 
 @pytest.fixture

@@ -44,6 +44,7 @@ def test_the_layout_of_the_design_is_there():
         "scheduler/online",
         "scheduler/batches/feeder.py",
         "scheduler/pools",
+        "staff",
         "telemetry",
         "tenants",
         "workers",

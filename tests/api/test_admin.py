@@ -1,6 +1,8 @@
 import pytest
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from rest_framework.test import APIClient
 
+from staff.tokens import admin_token_create, admin_token_revoke
 from tenants.models import ApiKey, Tenant
 from tests.conftest import bearer_client
 
@@ -130,3 +132,116 @@ def test_a_tenant_with_usage_history_is_kept_with_a_clear_409(staff_client, owne
     assert response.status_code == 409
     assert "deactivate it instead" in response.json()["detail"]
     assert Tenant.objects.filter(slug="acme").exists()
+
+
+# --- roles ------------------------------------------------------------------------------------
+
+ROLES = ("viewer", "operator", "admin")  # each holds what the one before it holds
+# The lowest role that may send each method of each admin API route.
+MINIMUM_ROLE = {
+    ("tenant-list", "get"): "viewer",
+    ("tenant-list", "post"): "admin",
+    ("tenant-detail", "get"): "viewer",
+    ("tenant-detail", "patch"): "operator",  # quotas and limits; other fields: admin (below)
+    ("tenant-detail", "delete"): "admin",
+    ("tenant-quota", "get"): "viewer",
+    ("tenant-quota", "put"): "operator",
+    ("tenant-quota", "patch"): "operator",
+    ("tenant-keys", "get"): "viewer",
+    ("tenant-keys", "post"): "admin",
+    ("tenant-key-detail", "get"): "viewer",
+    ("tenant-key-detail", "delete"): "admin",
+    ("tenant-key-revoke", "post"): "admin",
+    ("tenant-usage", "get"): "viewer",
+    ("tenant-usage-csv", "get"): "viewer",
+}
+BODIES = {
+    ("tenant-list", "post"): {"slug": "roles-new"},
+    ("tenant-detail", "patch"): {"weight": 2},
+    ("tenant-quota", "put"): {"quota_units": 4},
+    ("tenant-quota", "patch"): {"quota_units": 4},
+    ("tenant-keys", "post"): {"name": "k"},
+}
+
+
+def admin_api_routes() -> list[tuple[str | None, str, URLPattern]]:
+    """(name, method, pattern) of every route under /api/v1/, from the URL resolver."""
+    found = []
+    for top in get_resolver().url_patterns:
+        if not (isinstance(top, URLResolver) and str(top.pattern) == "api/v1/"):
+            continue
+        for pattern in top.url_patterns:
+            assert isinstance(pattern, URLPattern)
+            view = pattern.callback.view_class  # type: ignore[attr-defined]
+            for method in ("get", "post", "put", "patch", "delete"):
+                if hasattr(view, method):
+                    found.append((pattern.name, method, pattern))
+    return found
+
+
+def test_every_admin_api_route_and_method_has_a_role_in_the_table():
+    assert sorted((n, m) for n, m, _ in admin_api_routes()) == sorted(MINIMUM_ROLE)
+
+
+@pytest.mark.parametrize(("name", "method"), sorted(MINIMUM_ROLE))
+@pytest.mark.parametrize("role", [None, *ROLES, "superuser"])
+def test_a_role_reaches_the_admin_api_its_permissions_allow(
+    name, method, role, staff_member, owner, owner_key
+):
+    client = APIClient()
+    token = admin_token_create(user=staff_member(role)).raw_token
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    route = next(p for n, m, p in admin_api_routes() if (n, m) == (name, method))
+    world = {"slug": owner.slug, "key_id": owner_key.api_key.pk}
+    url = reverse(name, kwargs={arg: world[arg] for arg in route.pattern.converters})
+    response = getattr(client, method)(url, BODIES.get((name, method), {}), format="json")
+    allowed = role == "superuser" or (
+        role is not None and ROLES.index(role) >= ROLES.index(MINIMUM_ROLE[name, method])
+    )
+    if allowed:
+        assert response.status_code not in (401, 403), (method, url, role, response.content)
+        assert response.status_code < 500
+    else:
+        assert response.status_code == 403, (method, url, role)
+        assert response["Content-Type"] == "application/json"
+        assert "detail" in response.json()
+
+
+def test_an_operator_changes_limits_but_a_tenants_fields_need_the_admin_role(staff_member, owner):
+    client = APIClient()
+    client.credentials(
+        HTTP_AUTHORIZATION=f"Token {admin_token_create(user=staff_member('operator')).raw_token}"
+    )
+    limits = client.patch("/api/v1/tenants/acme/", {"rpm_limit": 60}, format="json")
+    assert limits.status_code == 200
+    for field, value in (("enabled_fields", ["prompt_logprobs"]),
+                         ("allowed_classes", ["interactive"]), ("is_active", False)):  # fmt: skip
+        refused = client.patch("/api/v1/tenants/acme/", {field: value}, format="json")
+        assert refused.status_code == 403, field
+        assert "staff.change_tenant_access" in refused.json()["detail"]
+    owner.refresh_from_db()
+    assert (owner.rpm_limit, owner.enabled_fields, owner.is_active) == (60, [], True)
+
+
+# --- tokens -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keyword", ["Bearer", "Token"])
+def test_an_admin_token_opens_the_api_until_it_is_revoked(keyword, staff_user):
+    issued = admin_token_create(user=staff_user, name="ci")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"{keyword} {issued.raw_token}")
+    assert client.get("/api/v1/tenants/").status_code == 200
+    issued.token.refresh_from_db()
+    assert issued.token.last_used_at is not None
+    admin_token_revoke(token=issued.token)
+    refused = client.get("/api/v1/tenants/")
+    assert refused.status_code == 401
+    assert refused["WWW-Authenticate"] == "Bearer"
+
+
+def test_an_unknown_token_or_a_tenant_key_does_not_open_the_admin_api(owner_key):
+    for header in ("Bearer gsa-nothing", f"Bearer {owner_key.raw_key}", "Token", "Bearer a b"):
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=header)
+        assert client.get("/api/v1/tenants/").status_code == 401, header

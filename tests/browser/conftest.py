@@ -17,6 +17,8 @@ from django.contrib.auth.models import User
 from playwright.sync_api import Browser, Page, sync_playwright
 from pytest_django.live_server_helper import LiveServer
 
+from staff.roles import Role, role_assign
+
 CHROMIUM = os.environ.get("GPUSHARE_CHROMIUM", "/usr/bin/chromium")
 # Offline and quiet: no updates, no sync, no QUIC probing, no GPU in a container.
 CHROMIUM_ARGS = [
@@ -65,9 +67,11 @@ def page(browser: Browser) -> Iterator[Page]:
 
 @pytest.fixture
 def operator(transactional_db: None) -> User:
-    return User.objects.create_user(
+    user = User.objects.create_user(
         "browser-operator", "bo@example.com", STAFF_PASSWORD, is_staff=True
     )
+    role_assign(user=user, role=Role.ADMIN)  # the pages' every action
+    return user
 
 
 def log_in(page: Page, live_server: LiveServer, user: User, path: str = "/console/") -> None:

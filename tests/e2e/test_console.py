@@ -27,8 +27,10 @@ def _csrf(html: str) -> str:
 def console(platform_server: Platform) -> httpx.Client:
     platform_server.shell(
         "from django.contrib.auth.models import User; "
-        f"User.objects.filter(username='console-op').exists() or User.objects.create_user("
-        f"'console-op', 'op@example.com', '{PASSWORD}', is_staff=True); print(1)"
+        "from staff.roles import Role, role_assign; "
+        f"u = User.objects.filter(username='console-op').first() or User.objects.create_user("
+        f"'console-op', 'op@example.com', '{PASSWORD}', is_staff=True); "
+        "role_assign(user=u, role=Role.ADMIN); print(1)"
     )
     client = httpx.Client(base_url=platform_server.base_url, timeout=30, follow_redirects=True)
     login = client.get("/admin/login/?next=/console/")

@@ -39,9 +39,10 @@ def http(stack: Stack) -> Iterator[httpx.Client]:
 def staff_token(stack: Stack) -> str:
     token: str = stack.platform.shell(
         "import json, uuid; from django.contrib.auth.models import User; "
-        "from rest_framework.authtoken.models import Token; "
-        "u = User.objects.create_user('fuzz-' + uuid.uuid4().hex[:6], is_staff=True); "
-        "print(json.dumps(Token.objects.create(user=u).key))"
+        "from staff.roles import Role, role_assign; from staff.tokens import admin_token_create; "
+        "u = User.objects.create_user('fuzz-' + uuid.uuid4().hex[:6]); "
+        "role_assign(user=u, role=Role.ADMIN); "
+        "print(json.dumps(admin_token_create(user=u).raw_token))"
     )
     return token
 

@@ -7,6 +7,7 @@ CSRF-protected."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import re
 import sqlite3
@@ -22,6 +23,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from staff.roles import Role, role_assign
 from tenants.models import ApiKey
 from tenants.services import api_key_authenticate
 from tests.factories import TenantFactory
@@ -98,6 +100,38 @@ def _sqlite_scan(url: str, secret: str, slug: str) -> Scan:
             for n in unique
         ]
     return tables, holding, stored, indexes
+
+
+@pytest.mark.django_db
+def test_no_table_holds_a_raw_admin_token() -> None:
+    """Staff's admin API tokens, minted by the CLI and used, are in no table of the database
+    (SQLite or PostgreSQL, as DATABASE_URL says): only their digest and first characters."""
+    from django.core.management import call_command
+
+    from staff.models import AdminToken
+
+    call_command("staff", "add", "token-op", "--role", "viewer", stdout=io.StringIO())
+    out = io.StringIO()
+    call_command("staff", "token", "create", "token-op", "--json", stdout=out)
+    raw = json.loads(out.getvalue())["token"]
+    # Used: its last_used_at written, the request's rows (sessions, ledger) written too.
+    assert Client().get("/api/v1/tenants/", HTTP_AUTHORIZATION=f"Bearer {raw}").status_code == 200
+    secret = raw[len("gsa-") :]
+    tables = connection.introspection.table_names(include_views=False)
+    holding = []
+    with connection.cursor() as cursor:
+        for table in tables:
+            cursor.execute(f"SELECT * FROM {connection.ops.quote_name(table)}")
+            if any(secret in " ".join(map(str, row)) for row in cursor.fetchall()):
+                holding.append(table)
+    assert len(tables) > 10
+    assert holding == []
+    stored = AdminToken.objects.get()
+    assert (stored.hashed_key, stored.prefix) == (
+        hashlib.sha256(raw.encode()).hexdigest(),
+        raw[:12],
+    )
+    assert "authtoken_token" not in tables  # DRF's table of raw tokens
 
 
 @pytest.mark.django_db
@@ -215,7 +249,7 @@ def test_the_console_requires_staff() -> None:
 
 @pytest.mark.django_db
 def test_console_forms_refuse_a_post_without_its_csrf_token() -> None:
-    User.objects.create_user("op", password="pw-op", is_staff=True)
+    role_assign(user=User.objects.create_user("op", password="pw-op"), role=Role.ADMIN)
     browser = Client(enforce_csrf_checks=True)
     assert browser.login(username="op", password="pw-op")
     url = reverse("console:tenant-create")

@@ -29,3 +29,16 @@ def test_demo_is_idempotent_and_keeps_the_same_credentials(settings, tmp_path):
     first = demo(settings, tmp_path)
     again = demo(settings, tmp_path)
     assert again == first
+
+
+def test_demos_admin_token_opens_the_admin_api_and_is_stored_as_a_digest(settings, tmp_path):
+    from rest_framework.test import APIClient
+
+    from staff.models import AdminToken
+
+    first = demo(settings, tmp_path)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {first['admin_api_token']}")
+    assert client.get("/api/v1/tenants/").json()["results"][0]["slug"] == "demo"
+    assert not AdminToken.objects.filter(hashed_key=first["admin_api_token"]).exists()
+    assert AdminToken.objects.count() == 1

@@ -14,11 +14,12 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandParser
-from rest_framework.authtoken.models import Token
 
 from plumbing.env import env_str
 from plumbing.errors import InvalidApiKey
 from protocol.classes import REQUEST_CLASSES
+from staff.roles import Role, role_assign
+from staff.tokens import admin_token_authenticate, admin_token_create
 from tenants import services
 from tenants.models import Tenant
 
@@ -53,13 +54,17 @@ class Command(BaseCommand):
         username = env_str("GPUSHARE_ADMIN_USER", "admin")
         password = env_str("GPUSHARE_ADMIN_PASSWORD", "") or saved.get("admin_password")
         password = self._ensure_admin(username, password)
-        staff_token = Token.objects.get_or_create(user=User.objects.get(username=username))[0]
+        admin = User.objects.get(username=username)
+        # The admin role for a user that existed before as staff only (a new one is a
+        # superuser, which holds every permission anyway): the printed login does everything.
+        role_assign(user=admin, role=Role.ADMIN)
+        staff_token = self._ensure_token(admin, saved.get("admin_api_token"))
         tenant = self._ensure_tenant()
         api_key = self._ensure_key(tenant, saved.get("demo_api_key"))
         credentials = {
             "admin_user": username,
             "admin_password": password,
-            "admin_api_token": staff_token.key,
+            "admin_api_token": staff_token,
             "demo_tenant": tenant.slug,
             "demo_api_key": api_key,
         }
@@ -80,6 +85,15 @@ class Command(BaseCommand):
             user.set_password(password)
             user.save(update_fields=["password"])
         return password
+
+    def _ensure_token(self, admin: User, raw_token: str | None) -> str:
+        """The saved admin API token while it still opens the API as the admin; else a new
+        one (the database keeps only its digest, so the saved file is where it is read)."""
+        if raw_token:
+            token = admin_token_authenticate(raw_token=raw_token)
+            if token is not None and token.user_id == admin.pk:
+                return raw_token
+        return admin_token_create(user=admin, name="demo").raw_token
 
     def _ensure_tenant(self) -> Tenant:
         tenant = Tenant.objects.filter(slug=DEMO_TENANT).first()
