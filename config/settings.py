@@ -265,6 +265,10 @@ GPUSHARE_WEB_STREAMS_FROM_ENGINE = env_bool("GPUSHARE_WEB_STREAMS_FROM_ENGINE", 
 # /health checks a ready engine may miss in a row before it is failed and its process
 # stopped: one miss is often a stall (a machine short of CPU), not a dead engine.
 GPUSHARE_ENGINE_HEALTH_MISSES = env_int("GPUSHARE_ENGINE_HEALTH_MISSES", 3)
+# Set: an engine's own /metrics (vLLM's series) also answers `Authorization: Bearer <this>`,
+# for Prometheus's scrape of each engine; it opens no other route. Empty: only the engine's
+# key opens /metrics (as every route but /health).
+GPUSHARE_ENGINE_METRICS_TOKEN = env_str("GPUSHARE_ENGINE_METRICS_TOKEN", "")
 
 
 # --- Scheduler --------------------------------------------------------------------------

@@ -255,6 +255,7 @@ def _launch(engine: Engine) -> int:
         python=str(python),
         base_env=os.environ,
         api_key=engine_api_key(engine.base_url),
+        metrics_token=settings.GPUSHARE_ENGINE_METRICS_TOKEN,
     )
     log_path = engine_log_path(engine)
     log_path.parent.mkdir(parents=True, exist_ok=True)
