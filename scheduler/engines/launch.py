@@ -95,13 +95,15 @@ def build_launch(
     python: str,
     base_env: Mapping[str, str],
     api_key: str,
+    home: str | None = None,
     metrics_token: str = "",
 ) -> LaunchSpec:
     """The engine's command line and environment. `api_key` (scheduler.engines.auth) goes in
     the environment, where only the engine's user can read it, not on the command line;
     vLLM checks it under its API prefixes and the gate (GATE_MIDDLEWARE) on every other
-    route but /health. `metrics_token`: what else opens the engine's /metrics, and nothing
-    more (GPUSHARE_ENGINE_METRICS_TOKEN)."""
+    route but /health. `home`: the engine's HOME where it runs as a user of its own (its
+    caches go there), instead of the platform's. `metrics_token`: what else opens the
+    engine's /metrics, and nothing more (GPUSHARE_ENGINE_METRICS_TOKEN)."""
     argv = [
         python,
         "-m",
@@ -137,6 +139,8 @@ def build_launch(
         "PYTHONPATH": str(ENGINE_SIDE_DIR),
         "PYTHONSAFEPATH": "1",
     }
+    if home is not None:
+        env["HOME"] = home
     if metrics_token:
         env["GPUSHARE_ENGINE_METRICS_TOKEN"] = metrics_token
     if launch.device_kind == "gpu":

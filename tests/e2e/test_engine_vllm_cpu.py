@@ -7,6 +7,7 @@ engine of its own beside the platform's, so that stopping it here leaves the oth
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,8 +126,9 @@ def test_every_route_but_health_answers_the_platform_only(platform_server, engin
         assert answered.status_code != 401, (method, path, answered.text[:200])
     # A liveness probe from outside the platform needs no key.
     assert httpx.get(f"{url}/health", timeout=30).status_code == 200
-    # The engine imports nothing of the platform.
+    # The engine works in a directory of its own and imports nothing of the platform.
     proc = Path("/proc", str(engine["pid"]))
+    assert Path(os.readlink(proc / "cwd")).name == ENGINE
     environ = dict(
         item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item
     )

@@ -198,6 +198,9 @@ def test_an_engine_imports_its_gate_and_nothing_of_the_platform() -> None:
     assert Path(spec.env["PYTHONPATH"]) == ENGINE_SIDE_DIR  # its directory alone
     assert spec.env["PYTHONSAFEPATH"] == "1"  # not its working directory either
     assert "PYTHONSTARTUP" not in spec.env
+    assert spec.env["HOME"] == "/root"
+    own = build_launch(launch(), python="python", base_env=base_env, api_key="k", home="/w/e")
+    assert own.env["HOME"] == "/w/e"  # an engine of its own user keeps its caches there
     assert "GPUSHARE_ENGINE_METRICS_TOKEN" not in spec.env
     scraped = build_launch(launch(), python="p", base_env={}, api_key="k", metrics_token="t")
     assert scraped.env["GPUSHARE_ENGINE_METRICS_TOKEN"] == "t"
