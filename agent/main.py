@@ -9,7 +9,8 @@ others in `make run`):
 - a Celery worker that consumes only the node's queue `gpushare.node.<node name>` (the
   console's starts and stops, the scaler's starts and drains, the dispatch workers' "this
   engine did not answer" checks), with the settings' GPUSHARE_ENGINE_AGENT set so that no
-  other worker takes that queue and the periodic jobs stay with the workers;
+  other worker takes that queue and the periodic jobs stay with the workers; it runs the
+  tasks sent to that queue and refuses any other (`agent.tasks_allowed`);
 - a thread that checks the node's live engines every GPUSHARE_AGENT_CHECK_INTERVAL_S
   (process alive, /health of ready ones) and keeps a heartbeat in Redis
   (`scheduler.engines.agents.agent_of`);
@@ -72,11 +73,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from agent.engines import check_in_thread, check_interval_s, drain_node
     from agent.logtail import LogFollower, follow_in_thread, stdout_writer
+    from agent.tasks_allowed import run_allowed_tasks_only
     from config.celery import app
     from scheduler.engines.agents import heartbeat_end
     from scheduler.gpu_inventory import node_name
     from scheduler.worker_tasks import node_queue
 
+    run_allowed_tasks_only(app)
     node = node_name(settings.GPUSHARE_NODE_NAME)
     stop = threading.Event()
     follower = LogFollower(Path(settings.GPUSHARE_ENGINE_DIR), stdout_writer())

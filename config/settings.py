@@ -9,6 +9,7 @@ from typing import Any
 import dj_database_url
 import django_stubs_ext
 
+from config.dumpable import forbid_dumps
 from config.files_storage import files_storage_config
 from config.secret_key import secret_key
 from config.sqlite import sqlite_options
@@ -20,6 +21,13 @@ django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("GPUSHARE_VAR_DIR", str(BASE_DIR / "var")))
+
+# False: each process that loads these settings clears its dumpable flag, so that no other
+# process of its user (an engine) reads its environment or memory (config/dumpable.py).
+# True lets a debugger or profiler of the same user attach (py-spy, gdb).
+GPUSHARE_DUMPABLE = env_bool("GPUSHARE_DUMPABLE", False)
+if not GPUSHARE_DUMPABLE:
+    forbid_dumps()
 
 # DJANGO_SECRET_KEY, else a random key made once on this machine (config/secret_key.py).
 SECRET_KEY = secret_key(env_str("DJANGO_SECRET_KEY", ""), VAR_DIR / "secret_key")
@@ -271,6 +279,17 @@ GPUSHARE_WEB_STREAMS_FROM_ENGINE = env_bool("GPUSHARE_WEB_STREAMS_FROM_ENGINE", 
 # /health checks a ready engine may miss in a row before it is failed and its process
 # stopped: one miss is often a stall (a machine short of CPU), not a dead engine.
 GPUSHARE_ENGINE_HEALTH_MISSES = env_int("GPUSHARE_ENGINE_HEALTH_MISSES", 3)
+# The user engines run as (a name or uid), where the engine agent runs as root (the node's
+# container): an engine then cannot read the platform's files, its processes' environment or
+# memory. Empty: the agent's own user. Its primary group is the engine's; it gets the
+# supplementary groups GPUSHARE_ENGINE_GROUPS (names or gids; the GPUs' device group where
+# the devices are not open to all) and no others.
+GPUSHARE_ENGINE_USER = env_str("GPUSHARE_ENGINE_USER", "")
+GPUSHARE_ENGINE_GROUPS = env_list("GPUSHARE_ENGINE_GROUPS", [])
+# Set: an engine's own /metrics (vLLM's series) also answers `Authorization: Bearer <this>`,
+# for Prometheus's scrape of each engine; it opens no other route. Empty: only the engine's
+# key opens /metrics (as every route but /health).
+GPUSHARE_ENGINE_METRICS_TOKEN = env_str("GPUSHARE_ENGINE_METRICS_TOKEN", "")
 
 
 # --- Scheduler --------------------------------------------------------------------------

@@ -381,7 +381,11 @@ def test_production_is_scraped_by_prometheus_operator_with_the_metrics_token():
     endpoints = pods["spec"]["podMetricsEndpoints"]
     assert {e["port"] for e in endpoints} == ports
     assert len(ports) >= 8
-    assert all(e["path"] == "/metrics" and "authorization" not in e for e in endpoints)
+    assert {e["path"] for e in endpoints} == {"/metrics"}
+    # With the scrape token, which opens an engine's /metrics and nothing else.
+    engine_token = {"name": "gpushare", "key": "GPUSHARE_ENGINE_METRICS_TOKEN"}
+    assert all(e["authorization"]["credentials"] == engine_token for e in endpoints)
+    assert engine_token["key"] in secret_keys("production")
 
 
 def test_production_scrapes_the_cluster_wide_metrics_once_through_the_service():

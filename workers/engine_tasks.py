@@ -16,9 +16,15 @@ from scheduler.engines.progress import action_done, progress_note
 from scheduler.engines.supervisor import engine_check_unreachable, engine_start, engine_stop
 from scheduler.models import EngineStatus
 from scheduler.pools.policies import sync_engine
+from scheduler.worker_tasks import (
+    ENGINE_CHECK_UNREACHABLE,
+    ENGINE_START,
+    ENGINE_STOP,
+    SCALE_ENGINE,
+)
 
 
-@shared_task(name="workers.engine_start")
+@shared_task(name=ENGINE_START)
 def start_engine(name: str) -> str:
     """Start the engine and wait until it is ready (or failed, with why in its detail)."""
     try:
@@ -33,7 +39,7 @@ def start_engine(name: str) -> str:
     return str(engine.status)
 
 
-@shared_task(name="workers.engine_stop")
+@shared_task(name=ENGINE_STOP)
 def stop_engine(name: str) -> str:
     """Drain the engine (its in-flight work ends first) and stop its process."""
     try:
@@ -46,8 +52,14 @@ def stop_engine(name: str) -> str:
     return str(engine.status)
 
 
-@shared_task(name="workers.engine_check_unreachable")
+@shared_task(name=ENGINE_CHECK_UNREACHABLE)
 def check_unreachable(name: str) -> bool:
     """By the engine's agent: a worker's call could not reach the engine; it is failed and
     out of the picks now if its process is gone (`engine_check_unreachable`)."""
     return engine_check_unreachable(name=name)
+
+
+# The tasks the node's engine agent runs, and the only ones (agent/tasks_allowed.py): those
+# sent to a node's queue, the engine starts, stops and checks, and the scaler's starts and
+# drains (workers/scaling_tasks.py).
+AGENT_TASKS = frozenset({ENGINE_START, ENGINE_STOP, ENGINE_CHECK_UNREACHABLE, SCALE_ENGINE})

@@ -1,11 +1,13 @@
 """The key an engine accepts: only the platform may call an engine's API.
 
 Every engine the platform starts gets a key of its own in `VLLM_API_KEY` (launch.py), and
-vLLM then refuses, with 401, any call under /v1 (and its other API prefixes) that does not
-bear it: anything that reaches an engine's port, on the node or in the cluster, cannot go
-around the platform's keys, quotas, fair queue and ledger. The key travels in the
-environment, never on the command line, which every local user can read in
-/proc/<pid>/cmdline.
+refuses, with 401, any call that does not bear it, on every route but /health: vLLM checks
+its API prefixes (/v1, ...) and the platform's gate (engine_side/gpushare_engine_gate.py,
+put in through vLLM's `--middleware`) every other route, /invocations, /tokenize, /metrics
+and whatever a later vLLM adds among them. Anything that reaches an engine's port, on the
+node or in the cluster, cannot go around the platform's keys, quotas, fair queue and
+ledger, nor read its metrics. The key travels in the environment, never on the command
+line, which every local user can read in /proc/<pid>/cmdline.
 
 The key is derived, not stored: an HMAC of the engine's address under the platform's
 SECRET_KEY. A database dump does not give it away, and every process of the platform (the
@@ -14,9 +16,9 @@ from the address it calls, with nothing passed between them. Changing SECRET_KEY
 every engine's key: engines started before must be restarted (until then they refuse the
 platform, and calls to them fail as calls to an engine that is down).
 
-vLLM leaves /health, /metrics, /tokenize and a few other paths open whatever the key: what
-keeps them from other machines is where the engine listens (127.0.0.1 unless an operator
-sets an address) and, in a cluster, the network (docs/SECURITY.md). Why the key is derived:
+/health answers anyone (what watches a node from outside asks it); what keeps even that
+from other machines is where the engine listens (127.0.0.1 unless an operator sets an
+address) and, in a cluster, the network (docs/SECURITY.md). Why the key is derived:
 docs/decisions/0004-engine-keys-derived-from-the-secret.md.
 """
 

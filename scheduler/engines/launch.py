@@ -11,10 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from capacity.units import GIB, UNIT_BYTES, gpu_memory_utilization
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# The gate in front of every route of the engine (engine_side/gpushare_engine_gate.py): vLLM's
+# own key check covers only its API prefixes. Its directory holds nothing else and is the
+# engine's whole PYTHONPATH, so the engine imports none of the platform's packages.
+ENGINE_SIDE_DIR = Path(__file__).resolve().parent / "engine_side"
+GATE_MIDDLEWARE = "gpushare_engine_gate.EngineKeyGate"
 CPU_UNITS_PER_GIB = GIB // UNIT_BYTES
 
 # What an engine's process inherits of the platform's environment: what the system, Python,
@@ -84,10 +90,20 @@ def cpu_kvcache_gib(footprint_units: int) -> int:
 
 
 def build_launch(
-    launch: EngineLaunch, *, python: str, base_env: Mapping[str, str], api_key: str
+    launch: EngineLaunch,
+    *,
+    python: str,
+    base_env: Mapping[str, str],
+    api_key: str,
+    home: str | None = None,
+    metrics_token: str = "",
 ) -> LaunchSpec:
     """The engine's command line and environment. `api_key` (scheduler.engines.auth) goes in
-    the environment, where only the engine's user can read it, not on the command line."""
+    the environment, where only the engine's user can read it, not on the command line;
+    vLLM checks it under its API prefixes and the gate (GATE_MIDDLEWARE) on every other
+    route but /health. `home`: the engine's HOME where it runs as a user of its own (its
+    caches go there), instead of the platform's. `metrics_token`: what else opens the
+    engine's /metrics, and nothing more (GPUSHARE_ENGINE_METRICS_TOKEN)."""
     argv = [
         python,
         "-m",
@@ -107,12 +123,26 @@ def build_launch(
         # Requests waiting in the engine for a seat take it by their class (ENGINE_PRIORITY).
         "--scheduling-policy",
         "priority",
+        "--middleware",
+        GATE_MIDDLEWARE,
     ]
     if launch.task == "embed":
         # vLLM's pooling runner serves /v1/embeddings; a generative checkpoint is adapted to
         # embed (its default conversion), an embedding model runs as it is.
         argv += ["--runner", "pooling"]
-    env = {**engine_env(base_env), **OFFLINE_ENV, "VLLM_API_KEY": api_key}
+    env = {
+        **engine_env(base_env),
+        **OFFLINE_ENV,
+        "VLLM_API_KEY": api_key,
+        # Only the gate's directory is importable besides the engine's own Python; and not
+        # the working directory, which `python -m` would put first on sys.path.
+        "PYTHONPATH": str(ENGINE_SIDE_DIR),
+        "PYTHONSAFEPATH": "1",
+    }
+    if home is not None:
+        env["HOME"] = home
+    if metrics_token:
+        env["GPUSHARE_ENGINE_METRICS_TOKEN"] = metrics_token
     if launch.device_kind == "gpu":
         fraction = gpu_memory_utilization(
             footprint_units=launch.footprint_units,

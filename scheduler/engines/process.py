@@ -4,15 +4,24 @@ An engine must outlive the command that starts it (`manage.py engine start` retu
 engine is ready), so it runs in its own session (process group) with its output in a log
 file, and the database keeps its pid. Stopping signals the whole group, because vLLM runs
 its engine core and workers as child processes.
+
+An engine runs tenants' requests, so it is kept from what the platform holds: its working
+directory is a directory of its own (`work_dir`), never the repository, and where the agent
+may switch users (it runs as root) it runs as the user an operator names (`RunAs`), with
+that user's primary group and only the supplementary groups named with it.
 """
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.engines.launch import LaunchSpec
@@ -22,7 +31,60 @@ from scheduler.engines.launch import LaunchSpec
 _children: dict[int, subprocess.Popen[bytes]] = {}
 
 
-def spawn(spec: LaunchSpec, *, log_path: Path, cwd: Path) -> int:
+class RunAsError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The user an engine runs as, with its primary group and its only other groups."""
+
+    name: str
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+
+
+def _gid(group: str) -> int:
+    try:
+        return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise RunAsError(f"no group {group!r} on this machine") from None
+
+
+def run_as(user: str, groups: Sequence[str] = ()) -> RunAs | None:
+    """The engines' user (a name or uid; empty: the agent's own, None), or RunAsError when
+    this machine has no such user or group, or when the agent may not switch to it (only
+    root may start a process as another user)."""
+    if not user:
+        return None
+    try:
+        entry = pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+    except KeyError:
+        raise RunAsError(f"no user {user!r} on this machine") from None
+    if entry.pw_uid == 0:
+        raise RunAsError("engines may not run as root: name an unprivileged user")
+    if os.geteuid() != 0 and entry.pw_uid != os.geteuid():
+        raise RunAsError(
+            f"only an agent running as root may start engines as {entry.pw_name!r}; this one "
+            f"runs as uid {os.geteuid()}"
+        )
+    return RunAs(entry.pw_name, entry.pw_uid, entry.pw_gid, tuple(_gid(g) for g in groups))
+
+
+def work_dir(path: Path, user: RunAs | None) -> Path:
+    """The engine's working directory: its own, created if missing, readable by its user
+    only (and by the agent, which made it)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if user is not None and os.geteuid() == 0:
+        os.chown(path, user.uid, user.gid)
+    path.chmod(0o700)
+    return path
+
+
+def spawn(spec: LaunchSpec, *, log_path: Path, cwd: Path, user: RunAs | None = None) -> int:
+    """Starts the engine in its own session, in `cwd`, as `user` where one is named (its
+    groups only: without `extra_groups` a child keeps root's supplementary groups)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         process = subprocess.Popen(
@@ -33,6 +95,9 @@ def spawn(spec: LaunchSpec, *, log_path: Path, cwd: Path) -> int:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            user=user.uid if user else None,
+            group=user.gid if user else None,
+            extra_groups=list(user.groups) if user else None,
         )
     _children[process.pid] = process
     return process.pid

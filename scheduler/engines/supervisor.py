@@ -77,6 +77,12 @@ def engine_log_path(engine: Engine) -> Path:
     return Path(settings.GPUSHARE_ENGINE_DIR) / f"{engine.name}.log"
 
 
+def engine_work_dir(engine: Engine) -> Path:
+    """The engine's working directory: one of its own, not the repository, whose packages
+    would be importable from it and whose files it could read by relative paths."""
+    return Path(settings.GPUSHARE_ENGINE_DIR) / "work" / engine.name
+
+
 def engine_client(engine: Engine, timeouts: Timeouts | None = None) -> EngineClient:
     timeouts = timeouts or Timeouts.from_settings()
     return EngineClient(
@@ -238,6 +244,11 @@ def _launch(engine: Engine) -> int:
         )
     except VllmEnvMissing as exc:
         raise EngineStartError(str(exc)) from None
+    try:
+        user = process.run_as(settings.GPUSHARE_ENGINE_USER, settings.GPUSHARE_ENGINE_GROUPS)
+    except process.RunAsError as exc:
+        raise EngineStartError(f"GPUSHARE_ENGINE_USER: {exc}") from None
+    cwd = process.work_dir(engine_work_dir(engine), user)
     spec = build_launch(
         EngineLaunch(
             model_path=str(Path(engine.model_path).resolve()),
@@ -255,12 +266,15 @@ def _launch(engine: Engine) -> int:
         python=str(python),
         base_env=os.environ,
         api_key=engine_api_key(engine.base_url),
+        # Its own user's caches go in its own directory: the platform's HOME is not its.
+        home=str(cwd) if user is not None else None,
+        metrics_token=settings.GPUSHARE_ENGINE_METRICS_TOKEN,
     )
     log_path = engine_log_path(engine)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("a") as log:
         log.write(f"\n=== gpushare: starting engine {engine.name}: {' '.join(spec.argv)}\n")
-    return process.spawn(spec, log_path=log_path, cwd=Path(settings.BASE_DIR))
+    return process.spawn(spec, log_path=log_path, cwd=cwd, user=user)
 
 
 def engine_start(

@@ -115,6 +115,9 @@ def test_the_agent_writes_the_engines_log_to_its_stdout_and_each_engine_is_scrap
     assert any("=== gpushare: starting engine" in line for line in lines)
     assert any("vllm" in line.lower() for line in lines)
     state = engine_state(platform_server, MODEL)
-    metrics = httpx.get(f"{state['url']}/metrics", timeout=10)  # the engine's own, no key
+    url = f"{state['url']}/metrics"  # the engine's own, with its key only
+    assert httpx.get(url, timeout=10).status_code == 401
+    key = platform_server.manage("engine", "key", MODEL).strip()
+    metrics = httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=10)
     assert metrics.status_code == 200
     assert "vllm:num_requests_running" in metrics.text

@@ -7,6 +7,8 @@ engine of its own beside the platform's, so that stopping it here leaves the oth
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -85,10 +87,61 @@ def test_it_completes_chats_and_streams_for_the_platform_only(platform_server, e
     assert f"VLLM_API_KEY={key}".encode() in (proc / "environ").read_bytes().split(b"\0")
 
 
+# Routes a vLLM engine has, or has with another runner (pooling) or version, besides those
+# its /openapi.json lists; each must answer 401 without the key too.
+NAMED_ROUTES = [
+    ("POST", "/invocations"), ("POST", "/tokenize"), ("GET", "/metrics"), ("POST", "/pooling"),
+    ("POST", "/score"), ("POST", "/rerank"), ("POST", "/classify"), ("POST", "/v1/score"),
+    ("POST", "/v1/rerank"), ("POST", "/v2/rerank"), ("POST", "/v1/embeddings"),
+    ("GET", "/v1/models"), ("GET", "/ping"), ("GET", "/version"), ("GET", "/openapi.json"),
+    ("GET", "/docs"), ("GET", "/redoc"), ("GET", "/"), ("OPTIONS", "/v1/completions"),
+    ("POST", "/health/"), ("GET", "/not-a-route"),
+]  # fmt: skip
+
+
+def test_every_route_but_health_answers_the_platform_only(platform_server, engine):
+    url = engine["url"]
+    key = platform_server.manage("engine", "key", ENGINE).strip()
+    platform = {"Authorization": f"Bearer {key}"}
+    assert httpx.get(f"{url}/openapi.json", timeout=30).status_code == 401
+    schema = httpx.get(f"{url}/openapi.json", headers=platform, timeout=30)
+    assert schema.status_code == 200
+    # Every route the engine's app lists, so that one a later vLLM adds is covered too.
+    listed = [
+        (method.upper(), re.sub(r"\{[^}]+\}", "x", path))
+        for path, methods in schema.json()["paths"].items()
+        for method in methods
+        if path != "/health"
+    ]
+    assert ("POST", "/invocations") in listed
+    assert ("POST", "/v1/completions") in listed
+    routes = sorted(set(listed) | set(NAMED_ROUTES))
+    for method, path in routes:
+        for headers in ({}, {"Authorization": "Bearer EMPTY"}, {"Authorization": key}):
+            refused = httpx.request(method, f"{url}{path}", headers=headers, timeout=60, json={})
+            assert refused.status_code == 401, (method, path, headers, refused.text[:200])
+            if method != "OPTIONS" and method != "HEAD":
+                assert refused.json()["error"]["code"] == "invalid_api_key"
+        answered = httpx.request(method, f"{url}{path}", headers=platform, timeout=60, json={})
+        assert answered.status_code != 401, (method, path, answered.text[:200])
+    # A liveness probe from outside the platform needs no key.
+    assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+    # The engine works in a directory of its own and imports nothing of the platform.
+    proc = Path("/proc", str(engine["pid"]))
+    assert Path(os.readlink(proc / "cwd")).name == ENGINE
+    environ = dict(
+        item.split("=", 1) for item in (proc / "environ").read_text().split("\0") if "=" in item
+    )
+    assert environ["PYTHONPATH"].endswith("scheduler/engines/engine_side")
+    assert environ["PYTHONSAFEPATH"] == "1"
+
+
 def test_its_metrics_show_its_kv_capacity_and_nothing_running(platform_server, engine):
     metrics = platform_server.shell(
         "import json; from scheduler.engines.client import EngineClient; "
-        f"m = EngineClient({json.dumps(engine['url'])}).metrics(); "
+        "from scheduler.engines.auth import engine_api_key; "
+        f"url = {json.dumps(engine['url'])}; "
+        "m = EngineClient(url, api_key=engine_api_key(url)).metrics(); "
         "print(json.dumps([m.kv_capacity_tokens, m.in_flight, m.kv_cache_usage]))"
     )
     assert metrics[0] == engine["kv"]

@@ -22,7 +22,9 @@ def prefix_cache_hits(platform: Platform) -> float:
         "import json; from scheduler.models import Engine; "
         f"print(json.dumps(Engine.objects.get(name='{MODEL}').base_url))"
     )
-    metrics = httpx.get(f"{base_url}/metrics", timeout=10).text
+    key = platform.manage("engine", "key", MODEL).strip()  # the engine's /metrics needs it
+    auth = {"Authorization": f"Bearer {key}"}
+    metrics = httpx.get(f"{base_url}/metrics", headers=auth, timeout=10).text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in metrics.splitlines()

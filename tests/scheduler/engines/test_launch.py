@@ -9,7 +9,14 @@ import pytest
 
 from capacity.units import GIB
 from scheduler.engines import process
-from scheduler.engines.launch import EngineLaunch, LaunchSpec, build_launch, cpu_kvcache_gib
+from scheduler.engines.launch import (
+    ENGINE_SIDE_DIR,
+    GATE_MIDDLEWARE,
+    EngineLaunch,
+    LaunchSpec,
+    build_launch,
+    cpu_kvcache_gib,
+)
 from scheduler.engines.metrics import parse_engine_metrics
 from scheduler.engines.vllm_env import VllmEnvMissing, find_vllm_python
 
@@ -63,6 +70,7 @@ def test_a_cpu_engine_gets_its_units_as_kv_space_in_gib() -> None:
         "--max-model-len": "2048",
         "--max-num-seqs": "32",
         "--scheduling-policy": "priority",
+        "--middleware": GATE_MIDDLEWARE,
     }
 
 
@@ -179,3 +187,20 @@ def test_an_engine_gets_its_key_in_its_environment_never_on_its_command_line() -
     assert spec.env["VLLM_API_KEY"] == "engine-key"
     assert "--api-key" not in spec.argv
     assert not any("engine-key" in arg for arg in spec.argv)
+
+
+def test_an_engine_imports_its_gate_and_nothing_of_the_platform() -> None:
+    base_env = {"PATH": "/bin", "HOME": "/root", "PYTHONPATH": "/app", "PYTHONSTARTUP": "/x.py"}
+    spec = build_launch(launch(), python="python", base_env=base_env, api_key="k")
+    assert spec.argv[spec.argv.index("--middleware") + 1] == GATE_MIDDLEWARE
+    module = GATE_MIDDLEWARE.split(".")[0]
+    assert (Path(spec.env["PYTHONPATH"]) / f"{module}.py").is_file()
+    assert Path(spec.env["PYTHONPATH"]) == ENGINE_SIDE_DIR  # its directory alone
+    assert spec.env["PYTHONSAFEPATH"] == "1"  # not its working directory either
+    assert "PYTHONSTARTUP" not in spec.env
+    assert spec.env["HOME"] == "/root"
+    own = build_launch(launch(), python="python", base_env=base_env, api_key="k", home="/w/e")
+    assert own.env["HOME"] == "/w/e"  # an engine of its own user keeps its caches there
+    assert "GPUSHARE_ENGINE_METRICS_TOKEN" not in spec.env
+    scraped = build_launch(launch(), python="p", base_env={}, api_key="k", metrics_token="t")
+    assert scraped.env["GPUSHARE_ENGINE_METRICS_TOKEN"] == "t"

@@ -6,10 +6,15 @@ The real vLLM CPU engine is driven by tests/e2e/test_engine_vllm_cpu.py.
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
+import stat
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +30,7 @@ from scheduler.engines.supervisor import (
     engine_refresh,
     engine_start,
     engine_stop,
+    engine_work_dir,
     engines_check_all,
 )
 from scheduler.models import Device, DeviceKind, Engine, EngineStatus
@@ -142,6 +148,85 @@ def test_a_gpu_engines_processes_are_left_as_they_are(monkeypatch: pytest.Monkey
     assert pinned == []
     _pin_cpu_engine_core(Engine(device=Device(kind=DeviceKind.CPU), pid=4321))
     assert pinned == [4321]
+
+
+def proc_ids(pid: int) -> dict[str, list[int]]:
+    """Uid, Gid and Groups of /proc/<pid>/status."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {
+        name: [int(value) for value in rest.split()]
+        for name, _, rest in (line.partition(":") for line in lines)
+        if name in ("Uid", "Gid", "Groups")
+    }
+
+
+def test_an_engine_works_in_a_directory_of_its_own_not_the_repository(engine, settings) -> None:
+    started = engine_start(name="fake", timeouts=FAST)
+    cwd = Path(os.readlink(f"/proc/{pid_of(started)}/cwd"))
+    assert cwd == engine_work_dir(started).resolve()
+    assert cwd != Path(settings.BASE_DIR).resolve()
+    assert Path(settings.BASE_DIR).resolve() not in cwd.parents
+    assert stat.S_IMODE(cwd.stat().st_mode) == 0o700
+    environ = Path(f"/proc/{pid_of(started)}/environ").read_bytes().split(b"\0")
+    assert b"PYTHONSAFEPATH=1" in environ  # nor is its working directory on its sys.path
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory another user may enter (pytest's tmp_path is its user's only)."""
+    path = Path(tempfile.mkdtemp(prefix="gpushare-engine-user-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root starts a process as another user")
+def test_an_engine_runs_as_the_configured_user_with_its_groups_only(
+    engine, settings, shared_dir: Path
+) -> None:
+    # The engine's user must be able to run its Python: the system's, where this one is in
+    # a home of root's (the stand-in server needs the standard library only).
+    python = SYSTEM_PYTHON if os.access(SYSTEM_PYTHON, os.X_OK) else sys.executable
+    wrapper = shared_dir / "python"
+    wrapper.write_text(f'#!/bin/sh\nexec {python} {FAKE_SERVER} "$@"\n')
+    wrapper.chmod(0o755)
+    settings.GPUSHARE_VLLM_PYTHON = str(wrapper)
+    settings.GPUSHARE_ENGINE_DIR = shared_dir / "engines"
+    settings.GPUSHARE_ENGINE_USER = "nobody"
+    settings.GPUSHARE_ENGINE_GROUPS = ["nogroup"]
+    secret = shared_dir / "secret_key"
+    secret.write_text("the platform's")
+    secret.chmod(0o600)
+    started = engine_start(name="fake", timeouts=FAST)
+    assert started.status == EngineStatus.READY
+    nobody = process.run_as("nobody")
+    assert nobody is not None
+    ids = proc_ids(pid_of(started))
+    assert set(ids["Uid"]) == {nobody.uid}
+    assert set(ids["Gid"]) == {nobody.gid}
+    assert set(ids["Groups"]) <= {nobody.gid}  # root's own groups are dropped
+    work = engine_work_dir(started)
+    assert work.stat().st_uid == nobody.uid
+    environ = Path(f"/proc/{pid_of(started)}/environ").read_bytes().split(b"\0")
+    assert f"HOME={work}".encode() in environ
+    # As its own user, it reads none of the platform's files.
+    peek = subprocess.run(
+        ["cat", str(secret)], user=nobody.uid, group=nobody.gid, extra_groups=[],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    assert peek.returncode != 0
+
+
+def test_an_engine_user_that_cannot_be_switched_to_is_a_start_error(engine, settings) -> None:
+    settings.GPUSHARE_ENGINE_USER = "no-such-user-here"
+    with pytest.raises(EngineStartError, match="GPUSHARE_ENGINE_USER: no user"):
+        engine_start(name="fake", timeouts=FAST)
+    settings.GPUSHARE_ENGINE_USER = "root"
+    with pytest.raises(EngineStartError, match="may not run as root"):
+        engine_start(name="fake", timeouts=FAST)
 
 
 def test_it_drains_then_stops_and_the_process_is_gone(engine) -> None:
