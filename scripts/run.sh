@@ -13,34 +13,47 @@ ENGINE_PORT="${GPUSHARE_DEMO_ENGINE_PORT:-8100}"
 
 HOST="${GPUSHARE_HOST:-127.0.0.1}"
 PORT="${GPUSHARE_PORT:-8000}"
-LOG_DIR="$REPO_ROOT/var/log"
+LOG_DIR="${GPUSHARE_VAR_DIR:-$REPO_ROOT/var}/log"
 mkdir -p "$LOG_DIR"
 
 say "Applying database migrations"
 "$PY" manage.py migrate --noinput >/dev/null || die "migrations failed"
 "$PY" manage.py collectstatic --noinput >/dev/null || die "collectstatic failed"
 
+# Each process of the platform runs in a session of its own (`setsid`): Ctrl-C (SIGINT to the
+# terminal's foreground process group) and a closed terminal (SIGHUP) reach this script only,
+# which stops them in order: the engine drains through the agent while the agent is still
+# there to drain it, then the rest. A process still there STOP_GRACE_S after SIGTERM is killed.
+STOP_GRACE_S=20
 children=()
+start() {
+  setsid "$@" &
+  children+=($!)
+}
 stop_all() {
-  trap - INT TERM EXIT
-  say "Stopping (the engine drains first)"
-  "$PY" manage.py engine stop "$ENGINE" >/dev/null 2>&1 || true
-  for pid in "${children[@]}"; do kill "$pid" 2>/dev/null || true; done
+  trap - INT TERM HUP EXIT
+  say "Stopping (the engine drains first)" 2>/dev/null || true  # the terminal may be gone
+  timeout 60 "$PY" manage.py engine stop "$ENGINE" >/dev/null 2>&1 || true
+  for pid in "${children[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for _ in $(seq $((STOP_GRACE_S * 5))); do
+    alive=0
+    for pid in "${children[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" -eq 0 ] && break
+    sleep 0.2
+  done
+  for pid in "${children[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
 }
-trap 'stop_all; exit 0' INT TERM
+trap 'stop_all; exit 0' INT TERM HUP
 trap stop_all EXIT
 
 say "Starting a Celery worker (log: var/log/worker.log)"
-"$VENV/bin/celery" -A config worker --pool threads --concurrency "${GPUSHARE_WORKER_THREADS:-8}" \
-  --without-gossip --without-mingle --without-heartbeat --loglevel INFO >"$LOG_DIR/worker.log" 2>&1 &
-children+=($!)
+start "$VENV/bin/celery" -A config worker --pool threads --concurrency "${GPUSHARE_WORKER_THREADS:-8}" \
+  --without-gossip --without-mingle --without-heartbeat --loglevel INFO >"$LOG_DIR/worker.log" 2>&1
 say "Starting the engine agent (starts, drains and checks engines; log: var/log/agent.log)"
-"$PY" -m agent >"$LOG_DIR/agent.log" 2>&1 &
-children+=($!)
+start "$PY" -m agent >"$LOG_DIR/agent.log" 2>&1
 say "Starting Celery beat (log: var/log/beat.log)"
-"$VENV/bin/celery" -A config beat --loglevel INFO >"$LOG_DIR/beat.log" 2>&1 &
-children+=($!)
+start "$VENV/bin/celery" -A config beat --loglevel INFO >"$LOG_DIR/beat.log" 2>&1
 
 say "Registering this machine's devices and the demo engine"
 "$PY" manage.py gpus discover || die "device discovery failed"
@@ -52,7 +65,6 @@ say "Starting the demo engine (vLLM CPU, about a minute; log: var/engines/$ENGIN
 "$PY" manage.py demo --base-url "http://$HOST:$PORT" || die "demo set-up failed"
 
 say "Serving on http://$HOST:$PORT (Ctrl-C stops everything)"
-"$PY" -m plumbing.serve config.asgi:application --host "$HOST" --port "$PORT" --log-level info &
-children+=($!)
+start "$PY" -m plumbing.serve config.asgi:application --host "$HOST" --port "$PORT" --log-level info
 wait -n "${children[@]}" || true
 die "a platform process exited (logs in var/log/)"
