@@ -78,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     from scheduler.engines.agents import heartbeat_end
     from scheduler.gpu_inventory import node_name
     from scheduler.worker_tasks import node_queue
+    from tracing.setup import configure as configure_tracing
 
     run_allowed_tasks_only(app)
+    configure_tracing("agent")  # where the OTEL_* settings ask for it (tracing.setup)
     node = node_name(settings.GPUSHARE_NODE_NAME)
     stop = threading.Event()
     follower = LogFollower(Path(settings.GPUSHARE_ENGINE_DIR), stdout_writer())

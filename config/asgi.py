@@ -3,15 +3,24 @@
 
 Before either reads a byte of a body, every request is held to a deadline for its body
 (`plumbing.body_deadline`), a tenant API request to a live key (`tenant_key_gate`), and every
-request to a size for its body by route (`plumbing.body_limit`, `body_limit_of`)."""
+request to a size for its body by route (`plumbing.body_limit`, `body_limit_of`).
 
+Where tracing is on (`tracing.setup`), each HTTP request is a server span of OpenTelemetry's
+ASGI middleware, around all of that."""
+
+import functools
 import os
 from typing import Any
 
 from django.core.asgi import get_asgi_application
 
+from tracing import spans
+from tracing.setup import asgi_traced, configure, instrument_django, provider
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
+configure("web")
+instrument_django()  # before Django loads its middleware
 django_application = get_asgi_application()  # sets Django up: import apps' modules after it
 
 from django.conf import settings  # noqa: E402
@@ -41,6 +50,23 @@ def body_limit_of(scope: Any) -> int:
 
 # Any: Django's handler and ASGI servers each type the three a little differently.
 async def application(scope: Any, receive: Any, send: Any) -> None:
+    if spans.enabled() and scope["type"] == "http":
+        await _traced_application()(scope, receive, send)
+    else:
+        await _served(scope, receive, send)
+
+
+@functools.cache
+def _traced(_provider: Any) -> Any:
+    return asgi_traced(_served)
+
+
+def _traced_application() -> Any:
+    """`_served` under the ASGI middleware of the provider installed now."""
+    return _traced(provider())
+
+
+async def _served(scope: Any, receive: Any, send: Any) -> None:
     if scope["type"] == "http" and scope["path"].startswith("/v1/"):
         with request_id_scope() as request_id:  # see plumbing.request_ids
             await _application(scope, receive, with_request_id(send, request_id))

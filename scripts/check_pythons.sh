@@ -35,7 +35,7 @@ trap 'rm -rf "$work"' EXIT
 # *.egg-info), which would leave them in the checkout.
 mkdir "$work/src"
 tar -C "$REPO_ROOT" --exclude=__pycache__ -cf - pyproject.toml api capacity config console \
-  fairqueue plumbing protocol scheduler staff telemetry tenants workers \
+  fairqueue plumbing protocol scheduler staff telemetry tenants tracing workers \
   | tar -C "$work/src" -xf -
 
 for version in "${versions[@]}"; do
@@ -66,7 +66,7 @@ django.setup()
 names = []
 for package in (
     "api", "capacity", "config", "console", "fairqueue", "plumbing", "protocol", "scheduler",
-    "staff", "telemetry", "tenants", "workers",
+    "staff", "telemetry", "tenants", "tracing", "workers",
 ):
     module = importlib.import_module(package)
     assert "site-packages" in module.__file__, module.__file__  # the installed copy

@@ -47,6 +47,7 @@ def test_the_layout_of_the_design_is_there():
         "staff",
         "telemetry",
         "tenants",
+        "tracing",
         "workers",
         "templates",
         "tests",

@@ -66,6 +66,7 @@ from telemetry.rejections import UNRESERVED_KEY
 from tenants.limits import Admission, limits_settle
 from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
 from tenants.usage_buffer import end_user
+from workers import run_trace
 from workers.runner import Relay, Run, RunResult, reserved_unit_seconds, run_job
 
 log = logging.getLogger(__name__)
@@ -214,6 +215,7 @@ class Dispatcher:
 
     def take_run(self, job: Job) -> Run:
         run = self.runs[job.job_id] = Run(job)
+        run_trace.begin(run)
         self._room_changed()
         return run
 
@@ -234,7 +236,7 @@ class Dispatcher:
         queue, relay = self.queue, self.relay
         while job is not None:
             run = self.take_run(job)
-            next_job = None
+            next_job, result = None, None
             try:
                 result = await run_picked(self, run)
                 await relay.flush(job)
@@ -253,6 +255,7 @@ class Dispatcher:
                     )
             finally:
                 self._end_run(job)
+                run_trace.end(run, result)
                 job = None
             await self.settle(run, result)
             job = next_job

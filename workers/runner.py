@@ -50,6 +50,8 @@ from scheduler.engines.calls import (
 )
 from scheduler.engines.client import EngineRequestError, EngineUnavailable
 from scheduler.online.granted import ALIVE_S, Report
+from tracing import spans
+from workers import run_trace
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +100,9 @@ class Run:
         self.stopped: str = ""
         self.call: asyncio.Future[None] | None = None
         self.engine_called = False  # the engine has the request (a relayed call was made)
+        # Its spans, where tracing is on (workers/run_trace.py).
+        self.span: Any = None
+        self.dispatch_span: Any = None
 
     def stop(self, why: str) -> None:
         """Once: a run that is stopping may still wait a moment for its last report."""
@@ -273,6 +278,7 @@ async def _granted(
             "covered": job.covered_tokens,  # the web grows the reservation past it (Growth)
         }  # fmt: skip
         relay.publish(run, grant)
+        run_trace.dispatched(run)
         while True:
             try:
                 async with asyncio.timeout(GRANT_SILENCE_S):
@@ -346,11 +352,29 @@ def _apply_report(run: Run, report: Report, result: RunResult) -> None:
 async def _call_engine(
     run: Run, client: AsyncEngineClient, relay: Relay, result: RunResult, growth: Growth
 ) -> None:
+    span = run_trace.engine_call(run, client.base_url)
+    try:
+        await _engine_call(run, client, relay, result, growth, spans.headers(span))
+    except BaseException as exc:
+        run_trace.engine_call_ended(span, result, error=f"{exc.__class__.__name__}: {exc}"[:200])
+        raise
+    run_trace.engine_call_ended(span, result)
+
+
+async def _engine_call(
+    run: Run,
+    client: AsyncEngineClient,
+    relay: Relay,
+    result: RunResult,
+    growth: Growth,
+    headers: dict[str, str] | None,
+) -> None:
     job, request = run.job, run.request
     path, body = engine_path(request), engine_body(request, job.request_class, job.stamp)
     run.engine_called = True
+    run_trace.dispatched(run)
     if not request["stream"]:
-        response = await client.generate(path, body)
+        response = await client.generate(path, body, headers)
         result.first_token_at = time.time()
         _count_usage(result, response.get("usage"))
         result.response_body = response
@@ -360,9 +384,9 @@ async def _call_engine(
         return
     try:
         if request["endpoint"] == "responses":
-            await _relay_events(run, client.events(path, body), relay, result, growth)
+            await _relay_events(run, client.events(path, body, headers), relay, result, growth)
         else:
-            await _relay_chunks(run, client.stream(path, body), relay, result, growth)
+            await _relay_chunks(run, client.stream(path, body, headers), relay, result, growth)
     finally:
         growth.close()
 

@@ -72,6 +72,7 @@ from scheduler.models import (
 from scheduler.online.admission import AnswerTooLarge, ContextTooLong, bounded_max_tokens
 from scheduler.pools.policies import Route, enqueue_resyncing, fair_queue, route_for, sync_tenant
 from tenants.limits import BudgetExhausted, RateLimited, limits_admit, limits_settle
+from tracing import spans
 
 log = logging.getLogger(__name__)
 KICK_KEY = "gs:batch:kick:{pk}"
@@ -401,6 +402,11 @@ class _Feeder:
             "custom_id": line.custom_id,
             "line": line.index,
         }
+        # Each line's trace starts here; the worker that runs it continues it.
+        span = spans.start("gpushare.batch.line", parent=spans.NEW_TRACE)
+        if span is not None:
+            span.set_attributes(_line_attributes(self.batch, line, job_id, route.pool))
+            payload["trace"] = spans.carrier(span)
         job_fields: dict[str, Any] = {
             "tenant": tenant.slug,
             "pool": route.pool,
@@ -422,12 +428,14 @@ class _Feeder:
         try:
             self._enqueue(job_fields, route)
         except JobRejected as exc:
+            spans.end(span, error=exc.reason)
             limits_settle(admission=admission, used_tokens=0)  # counted by the first feed
             if exc.reason == "no_engine":
                 return False
             if exc.reason != "duplicate_job":  # duplicate: already queued by a rolled-back feed
                 _finish_unrun(line, 400, exc.reason, exc.message, "max_tokens")
                 return True
+        spans.end(span)
         line.state, line.job_id, line.runs = LineState.QUEUED, job_id, line.runs + 1
         line.fed_at, line.lost_seen_at = self.now, None
         self.fed.append(line)
@@ -443,6 +451,17 @@ class _Feeder:
             tenant=self.batch.tenant,
             queue=self.queue,
         )
+
+
+def _line_attributes(batch: Batch, line: BatchLine, job_id: str, pool: str) -> spans.Attributes:
+    return {
+        "gpushare.request_id": job_id,
+        "gpushare.batch_id": batch.public_id,
+        "gpushare.batch_line": line.index,
+        "gpushare.custom_id": line.custom_id,
+        "gpushare.tenant": batch.tenant.slug,
+        "gpushare.pool": pool,
+    }
 
 
 def _finish_unrun(

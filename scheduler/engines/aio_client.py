@@ -75,11 +75,16 @@ class AsyncEngineClient:
     async def close(self) -> None:
         await self._session.close()
 
-    async def generate(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST `path` (not streamed); the OpenAI-shaped answer."""
+    async def generate(
+        self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """POST `path` (not streamed); the OpenAI-shaped answer. `headers`: more to send
+        (a trace's `traceparent`)."""
         url = self.base_url + path
         try:
-            async with self._session.post(url, data=wire.dumps_bytes(body), headers=_JSON) as r:
+            async with self._session.post(
+                url, data=wire.dumps_bytes(body), headers=_with(headers)
+            ) as r:
                 raw = await self._read_whole(r)
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise EngineUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
@@ -100,13 +105,17 @@ class AsyncEngineClient:
                 raise AnswerTooLarge(limit)
         return bytes(body)
 
-    async def stream(self, path: str, body: dict[str, Any]) -> AsyncIterator[bytes]:
+    async def stream(
+        self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> AsyncIterator[bytes]:
         """The chunks of a streamed answer (each one's JSON, as the engine sent it), until
         `[DONE]`. Leaving the iteration early closes the connection, which makes vLLM abort
         the request."""
         url = self.base_url + path
         try:
-            async with self._session.post(url, data=wire.dumps_bytes(body), headers=_JSON) as r:
+            async with self._session.post(
+                url, data=wire.dumps_bytes(body), headers=_with(headers)
+            ) as r:
                 if r.status >= 400:
                     raise_for_status(r.status, await r.text(), url)
                 async for line in r.content:
@@ -125,14 +134,18 @@ class AsyncEngineClient:
         # partial answer must not pass for a whole one.
         raise EngineUnavailable(f"{url}: the stream ended without [DONE]")
 
-    async def events(self, path: str, body: dict[str, Any]) -> AsyncIterator[tuple[bytes, bytes]]:
+    async def events(
+        self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> AsyncIterator[tuple[bytes, bytes]]:
         """A Responses stream's events: (the event as the engine wrote it, `event:` line and
         `data:` line, without the blank line that ends it; its JSON). Such a stream has no
         `[DONE]`: it ends after its last event, which the caller checks it has seen
         (`scheduler.engines.calls.ResponseEvents`). Leaving early aborts the request."""
         url = self.base_url + path
         try:
-            async with self._session.post(url, data=wire.dumps_bytes(body), headers=_JSON) as r:
+            async with self._session.post(
+                url, data=wire.dumps_bytes(body), headers=_with(headers)
+            ) as r:
                 if r.status >= 400:
                     raise_for_status(r.status, await r.text(), url)
                 name = b""
@@ -150,6 +163,12 @@ class AsyncEngineClient:
 
 
 _JSON = {"Content-Type": "application/json"}
+
+
+def _with(headers: dict[str, str] | None) -> dict[str, str]:
+    return _JSON if not headers else {**_JSON, **headers}
+
+
 # What aiohttp raises for a line over its buffer's high-water mark (by version: a ValueError,
 # "Chunk too big", or LineTooLong).
 _LINE_TOO_LONG = (ValueError, LineTooLong)

@@ -57,6 +57,7 @@ from scheduler import worker_tasks
 from scheduler.engines.auth import engine_auth_headers
 from scheduler.models import Engine, EngineTask
 from scheduler.online.granted import GrantedStream
+from scheduler.online.trace import RequestTrace
 from scheduler.pools.policies import (
     Route,
     engine_changes,
@@ -72,6 +73,7 @@ from tenants.models import ApiKey, Tenant
 from tenants.selectors import tenant_get
 from tenants.services import tenant_changes
 from tenants.usage_buffer import end_user, usage_push
+from tracing import spans
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -143,6 +145,8 @@ class Admitted:
     call: dict[str, Any] = field(default_factory=dict)
     # The tenant's x-ratelimit-* headers as its limits stood once this request was counted.
     rate_limits: dict[str, str] = field(default_factory=dict)
+    # Its spans on the web, where tracing is on.
+    trace: RequestTrace | None = None
 
 
 @dataclass(frozen=True)
@@ -374,8 +378,10 @@ async def _enqueue(
     max_tokens: int,
     admission: Admission,
     received_at: float,
+    trace_root: Any = None,
 ) -> Admitted:
-    """Puts the request, counted against its tenant's limits, in the fair queue."""
+    """Puts the request, counted against its tenant's limits, in the fair queue.
+    `trace_root`: the context of the request's server span, where tracing is on."""
     api_key, request, route = prepared.api_key, prepared.request, prepared.route
     engine, tenant = route.engine, api_key.tenant
     body = request.body
@@ -398,6 +404,10 @@ async def _enqueue(
         "admission": admission.settling_fields(),  # flat: no deep copy, as asdict makes
         "received_at": received_at,
     }
+    # Its wait in the queue starts now; the worker's run continues the trace from its payload.
+    wait = spans.start("gpushare.queue.wait", parent=trace_root)
+    if wait is not None:
+        payload["trace"] = spans.carrier(wait)
     kv = kv_cost_of(
         bytes_per_token=route.kv_bytes_per_token,
         prompt_tokens=prompt_tokens,
@@ -431,18 +441,22 @@ async def _enqueue(
         job, summon = await asyncio.shield(queuing)
     except asyncio.CancelledError:
         state.inbox.unregister(job_id)
+        spans.end(wait, error="cancelled")
         _keep(f"the cancel of job {job_id}", asyncio.ensure_future(_cancel_once_queued(queuing)))
         raise
     except JobRejected as exc:
         state.inbox.unregister(job_id)
+        spans.end(wait, error=exc.message)
         raise _rejection(exc) from None
-    except BaseException:
+    except BaseException as exc:
         state.inbox.unregister(job_id)
+        spans.end(wait, error=repr(exc))
         raise
     if summon:  # no picker was waiting for work: summon one
         _in_background(f"summoning a picker of {route.pool}", _summon, route.pool)
+    trace = None if wait is None else RequestTrace(trace_root, wait)
     return Admitted(job, request, api_key.tenant_id, api_key.pk, received_at, events, payload,
-                    admission.headers)  # fmt: skip
+                    admission.headers, trace)  # fmt: skip
 
 
 async def _queue_job(
@@ -520,9 +534,26 @@ async def admit(
     the signal (`_here_or_in_thread`). The hop to a thread and back (GIL hand-offs, a wake-up
     of the loop) costs a sixth of the web's CPU per request
     (docs/decisions/0008-the-request-path-spends-cpu-once.md): it is made only then.
-    `api_key`: the header's key, where the web checked it already."""
+    `api_key`: the header's key, where the web checked it already. Where tracing is on, it
+    is the span gpushare.admit of the request's trace."""
+    if not spans.enabled():
+        return await _admit(authorization, request, class_header, api_key, None)
+    root = spans.here()
+    with spans.current("gpushare.admit", {"gpushare.request_id": request_ids.current() or ""}):
+        return await _admit(authorization, request, class_header, api_key, root)
+
+
+async def _admit(
+    authorization: str,
+    request: InferenceRequest,
+    class_header: str,
+    api_key: ApiKey | None,
+    trace_root: Any,
+) -> Admitted:
     received_at = time.time()
     prepared = await _here_or_in_thread(_prepare, authorization, request, class_header, api_key)
+    if spans.enabled():
+        spans.annotate(_span_attributes(prepared))
     engine, state = prepared.route.engine, _loop_state()
     # Before the limits count the request: a policy not yet cached is written first.
     await _here_or_in_thread(_sync_policy, prepared.api_key, state.queue.queue)
@@ -543,10 +574,21 @@ async def admit(
             await _give_back(admission)
             raise
     try:
-        return await _enqueue(prepared, prompt_tokens, max_tokens, admission, received_at)
+        return await _enqueue(
+            prepared, prompt_tokens, max_tokens, admission, received_at, trace_root
+        )
     except DomainError:  # nothing was queued: the request's tokens are given back
         await _give_back(admission)
         raise
+
+
+def _span_attributes(prepared: _Prepared) -> dict[str, str]:
+    return {
+        "gpushare.tenant": prepared.api_key.tenant.slug,
+        "gpushare.pool": prepared.route.pool,
+        "gpushare.class": prepared.request_class,
+        "gpushare.model": prepared.request.model,
+    }
 
 
 async def authenticate(authorization: str) -> ApiKey:
@@ -646,11 +688,16 @@ async def follow(
     `_stale`). Ends with CancelledError once `client_gone` is set (at the latest when the
     wait under way ends, see `_wait_s`), so the caller's clean-up cancels the job even if the
     task's own cancellation was lost."""
+    trace = admitted.trace
     try:
         async for event in _follow(admitted, client_gone):
+            if trace is not None:
+                trace.saw(event)
             yield event
     finally:
         _loop_state().inbox.unregister(admitted.job.job_id)
+        if trace is not None:
+            trace.close()
 
 
 async def _follow(
@@ -683,9 +730,12 @@ async def _follow(
         elif kind == "requeued":
             requeues, running = requeues + 1, False
         if kind == "grant":  # the stream is this process's to make (scheduler.online.granted)
+            if admitted.trace is not None:
+                admitted.trace.saw(event)
             stream = GrantedStream(
                 _loop_state().queue, admitted.job.job_id, admitted.job.request_class,
                 admitted.call, event, events,
+                admitted.trace.engine_parent() if admitted.trace is not None else None,
             )  # fmt: skip
             async for word in stream.events():
                 if client_gone is not None and client_gone.is_set():

@@ -44,6 +44,7 @@ from scheduler.engines.calls import (
     usage_counts,
 )
 from scheduler.engines.client import EngineRequestError, EngineUnavailable
+from tracing import spans
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,27 @@ _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncEn
 )
 
 
+def engine_span(parent: Any, url: str, attempt: int) -> Any:
+    """The span of an engine call (a client's span; its context goes to vLLM in the call's
+    `traceparent`), where tracing is on."""
+    if not spans.enabled():
+        return None
+    attributes: spans.Attributes = {"server.address": url, "gpushare.attempt": attempt}
+    return spans.start("gpushare.engine", parent=parent, attributes=attributes, kind=spans.CLIENT)
+
+
+def end_engine_span(span: Any, report: Report) -> None:
+    if span is None:
+        return
+    attributes: spans.Attributes = {
+        "gpushare.outcome": report.outcome,
+        "gen_ai.usage.input_tokens": report.prompt_tokens,
+        "gen_ai.usage.output_tokens": report.completion_tokens,
+    }
+    error = "" if report.outcome == "success" else (report.detail or report.outcome)[:200]
+    spans.end(span, attributes, error=error)
+
+
 def engine_client(base_url: str) -> AsyncEngineClient:
     clients = _clients.setdefault(asyncio.get_running_loop(), {})
     client = clients.get(base_url)
@@ -126,8 +148,13 @@ class GrantedStream:
         call: dict[str, Any],
         grant: dict[str, Any],
         words: asyncio.Queue[bytes],
+        trace_parent: Any = None,
     ) -> None:
+        """`trace_parent`: the context the engine call's span goes under, where tracing is
+        on (the request's answer span)."""
         self.queue, self.job_id, self.call = queue, job_id, call
+        self.trace_parent = trace_parent
+        self.span: Any = None
         self.request_class = request_class
         self.attempt = int(grant["attempt"])
         self.stamp = float(grant.get("stamp") or 0.0)  # its place in the engine (engine_body)
@@ -144,6 +171,7 @@ class GrantedStream:
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         report = Report()
         alive = asyncio.ensure_future(self._say_alive())
+        self.span = engine_span(self.trace_parent, self.url, self.attempt)
         try:
             if self.call.get("endpoint") == "responses":
                 async for raw in self._response_events():
@@ -153,6 +181,7 @@ class GrantedStream:
                 async for data, chunk in self._chunks():
                     if self._first_token_at is None and chunk.get("choices"):
                         self._first_token_at = time.time()
+                        spans.event(self.span, "first_token")
                     self.growth.add(len(chunk.get("choices") or ()))
                     self._counts = usage_counts(chunk.get("usage")) or self._counts
                     passed_on = client_data(data, chunk, bool(self.call.get("include_usage")))
@@ -171,11 +200,14 @@ class GrantedStream:
         except (asyncio.CancelledError, GeneratorExit):
             # The client left: its worker charges what the engine did so far. The report is
             # a task of its own: this generator may not wait any more.
-            _keep(asyncio.ensure_future(self._report_until_heard(self._cut_short())))
+            cut_short = self._cut_short()
+            _keep(asyncio.ensure_future(self._report_until_heard(cut_short)))
+            end_engine_span(self.span, cut_short)
             raise
         finally:
             alive.cancel()
             self.growth.close()
+        end_engine_span(self.span, report)
         await self._report(report)
         if report.outcome == "success":
             usage = {
@@ -197,7 +229,7 @@ class GrantedStream:
         client = engine_client(self.url)
         body = self._body()
         finished = False
-        async for data in client.stream(engine_path(self.call), body):
+        async for data in client.stream(engine_path(self.call), body, spans.headers(self.span)):
             chunk: dict[str, Any] = wire.loads(data)
             choices = chunk.get("choices") or []
             finished = finished or any(choice.get("finish_reason") for choice in choices)
@@ -212,10 +244,12 @@ class GrantedStream:
         report (`_report_of_events`) is set once its last event came."""
         client = engine_client(self.url)
         reading = ResponseEvents()
-        async for frame, data in client.events(engine_path(self.call), self._body()):
+        path, headers = engine_path(self.call), spans.headers(self.span)
+        async for frame, data in client.events(path, self._body(), headers):
             self.growth.add(reading.is_delta(reading.read(data)))
             if self._first_token_at is None and reading.first_output:
                 self._first_token_at = time.time()
+                spans.event(self.span, "first_token")
             yield frame
         if not reading.ended:
             raise EngineUnavailable("the engine's stream ended before its last event")

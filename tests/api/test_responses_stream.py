@@ -87,7 +87,9 @@ class Engine:
         self.frames = frames
         self.bodies: list[dict[str, Any]] = []
 
-    async def events(self, path: str, body: dict[str, Any]) -> AsyncIterator[tuple[bytes, bytes]]:
+    async def events(
+        self, path: str, body: dict[str, Any], headers: dict[str, str] | None = None
+    ) -> AsyncIterator[tuple[bytes, bytes]]:
         assert path == "/v1/responses"
         self.bodies.append(body)
         for frame in self.frames:
