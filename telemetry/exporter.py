@@ -231,6 +231,11 @@ CLUSTER_METRICS: dict[str, tuple[str, str]] = {
         "gauge",
         "GPU power draw.",
     ),
+    "gpushare_engine_oom": (
+        "counter",
+        "Deaths of the engine's process out of memory: torch or CUDA out of memory, no memory "
+        "for its KV cache at start, or a SIGKILL the platform did not send (the OOM killer).",
+    ),
 }
 
 # Series that exist only while a class has a seat bound on an engine (a TTFT target, a
@@ -309,7 +314,7 @@ class ClusterCollector(Collector):
         yield info
         parts = (
             self._queue, self._seats, self._kv, self._ledger, self._tenants, self._engines,
-            self._gpus,
+            self._gpus, self._engine_ooms,
         )  # fmt: skip
         for part in parts:
             try:
@@ -497,6 +502,21 @@ class ClusterCollector(Collector):
                     value = live[field] / 100.0 if field == "utilization_percent" else live[field]
                     family.add_metric([node, index], value)
         yield from fields.values()
+
+    def _engine_ooms(self) -> Iterator[Metric]:
+        """Every registered engine's out-of-memory deaths (`scheduler.engines.oom`), from 0,
+        so that increase() sees its first one; a count under a model the engine no longer
+        serves stays until the engine is deleted."""
+        from scheduler.engines.oom import engine_oom_counts
+        from scheduler.models import Engine
+
+        counts = engine_oom_counts()
+        engines = set(Engine.objects.values_list("name", "served_model_name"))
+        names = {name for name, _ in engines}
+        family = _counter("gpushare_engine_oom", ["engine", "model"])
+        for engine, model in sorted(engines | {key for key in counts if key[0] in names}):
+            family.add_metric([engine, model], counts.get((engine, model), 0))
+        yield family
 
 
 class BuildCollector(Collector):

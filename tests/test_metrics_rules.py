@@ -79,7 +79,7 @@ def test_the_rules_pass_their_unit_tests_in_promtool():
         assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_alerts_on_bytes_ttft_and_scraping_have_unit_tests():
+def test_the_alerts_on_bytes_ttft_scraping_and_the_design_have_unit_tests():
     tested = {
         case["alertname"]
         for test in yaml.safe_load(RULES_TEST.read_text())["tests"]
@@ -92,6 +92,10 @@ def test_the_alerts_on_bytes_ttft_and_scraping_have_unit_tests():
         "GpushareClusterMetricsScrapedTwice",
         "GpushareClusterMetricsAbsent",
         "GpushareWebVersionsMixed",
+        "GpushareInteractiveP99OverTarget",
+        "GpushareKvCacheHigh",
+        "GpushareGpuTensorBusy",
+        "GpushareEngineOutOfMemory",
     } <= tested
 
 
@@ -103,6 +107,13 @@ def test_the_seed_advice_is_covered_with_its_durations():
     p99 = by_name["GpushareInteractiveP99OverTarget"]
     assert "histogram_quantile(0.99" in p99["expr"]
     assert p99["for"] == "2m"
+    # Per GPU: the engine series repeats its GPU's value once per engine on it.
+    tensor = by_name["GpushareGpuTensorBusy"]
+    assert tensor["expr"] == "gpushare_gpu_tensor_activity_ratio > 0.85"
+    assert tensor["for"] == "5m"
+    oom = by_name["GpushareEngineOutOfMemory"]
+    assert "increase(gpushare_engine_oom_total[" in oom["expr"]
+    assert (oom["for"], oom["labels"]["severity"]) == ("0m", "page")
     assert by_name["GpushareTenantAtQuota"]["for"] == "10m"
     assert "gpushare_engine_up == 0" in by_name["GpushareEngineDown"]["expr"]
     assert (

@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import transaction
 
 from plumbing.errors import DomainError
-from scheduler.engines import cpu_affinity, process
+from scheduler.engines import cpu_affinity, oom, process
 from scheduler.engines.auth import engine_api_key
 from scheduler.engines.client import EngineClient, EngineError
 from scheduler.engines.launch import EngineLaunch, build_launch
@@ -43,6 +43,12 @@ PROGRESS_EVERY_S = 10.0
 WARMUP_PROMPT = "Hello"
 # The status detail of an engine whose process has been sent SIGTERM by engine_stop.
 STOPPING_DETAIL = "stopping process"
+# How much of a dead engine's log is searched for an out-of-memory error: vLLM's shutdown
+# after its engine core died prints tracebacks and warnings after the error itself.
+OOM_TAIL_LINES = 200
+# How long a failed warm-up waits for the process to end: an engine core that ran out of
+# memory answers its request with an error, then its server exits.
+WARMUP_DEATH_WAIT_S = 5.0
 
 
 class EngineStartError(DomainError):
@@ -114,10 +120,37 @@ def _process_alive(engine: Engine) -> bool:
 
 
 def _death_detail(engine: Engine, what: str) -> str:
+    """Why the engine failed, with the end of its log; it starts with "out of memory" when
+    its process is gone and ran out of memory (`_out_of_memory`), so the console's engine
+    list shows it first."""
     code = process.exit_code(engine.pid) if engine.pid is not None else None
     exit_text = f" (exit code {code})" if code is not None else ""
     tail = process.log_tail(engine_log_path(engine))
-    return f"{what}{exit_text}. Last lines of {engine_log_path(engine)}:\n{tail}"
+    detail = f"{what}{exit_text}. Last lines of {engine_log_path(engine)}:\n{tail}"
+    cause = _out_of_memory(engine, code)
+    return f"out of memory ({cause}): {detail}" if cause is not None else detail
+
+
+def _out_of_memory(engine: Engine, code: int | None) -> str | None:
+    """If the engine's process is gone and ran out of memory (`oom.oom_cause`), why, counted
+    for gpushare_engine_oom_total and logged at ERROR, once per run however many processes
+    see it die; None otherwise (a process that still runs has not died of anything yet)."""
+    if engine.pid is None or process.is_running(engine.pid):
+        return None
+    cause = oom.oom_cause(
+        log_tail=process.log_tail(engine_log_path(engine), lines=OOM_TAIL_LINES),
+        exit_code=code,
+        stop_requested=engine.status_detail.startswith(STOPPING_DETAIL),
+    )
+    if cause is not None:
+        started = f"{engine.started_at.timestamp():.3f}" if engine.started_at else ""
+        oom.engine_oom_note(
+            engine=engine.name,
+            model=engine.served_model_name,
+            run=f"{engine.pid}:{started}",
+            cause=cause,
+        )
+    return cause
 
 
 def engine_refresh(*, engine: Engine) -> Engine:
@@ -387,10 +420,20 @@ def _warm_up(engine: Engine, client: EngineClient) -> None:
                 {"model": engine.served_model_name, "prompt": WARMUP_PROMPT, "max_tokens": 4}
             )
     except EngineError as exc:
+        _wait_gone(engine, WARMUP_DEATH_WAIT_S)
         detail = _death_detail(engine, f"the warm-up {what} failed: {exc}")
         raise EngineStartError(detail) from None
     if not body.get("data" if embeds else "choices"):
         raise EngineStartError(f"the warm-up {what} returned nothing: {body}")
+
+
+def _wait_gone(engine: Engine, seconds: float) -> None:
+    """Until the engine's process has ended, `seconds` at most."""
+    deadline = time.monotonic() + seconds
+    while engine.pid is not None and process.is_running(engine.pid):
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.2)
 
 
 def _mark_ready(

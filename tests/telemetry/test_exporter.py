@@ -408,3 +408,18 @@ def test_prompt_tokens_used_beyond_their_reservation_are_a_counter_by_tenant(bus
     assert value(scrape(), "gpushare_unreserved_prompt_tokens_total", tenant="acme") == 0
     redis_client().hincrby(UNRESERVED_KEY, "acme", 6)
     assert value(scrape(), "gpushare_unreserved_prompt_tokens_total", tenant="acme") == 6
+
+
+def test_engine_out_of_memory_deaths_are_a_counter_from_zero_by_engine_and_model(redis_db):
+    from scheduler.engines.oom import engine_oom_note
+
+    engine = make_engine(1)
+    engine.status = "stopped"  # a stopped engine keeps its series: its deaths are history
+    engine.save()
+    assert value(scrape(), "gpushare_engine_oom_total", engine="eng-a", model="m") == 0
+    engine_oom_note(engine="eng-a", model="m", run="4:1", cause="CUDA out of memory")
+    engine_oom_note(engine="gone", model="m", run="5:1", cause="CUDA out of memory")
+    samples = scrape()
+    assert value(samples, "gpushare_engine_oom_total", engine="eng-a", model="m") == 1
+    # The count of an engine no longer registered is not shown.
+    assert [labels["engine"] for labels, _ in samples["gpushare_engine_oom_total"]] == ["eng-a"]

@@ -21,10 +21,11 @@ import pytest
 
 from capacity.units import GIB
 from plumbing.errors import DomainError
-from scheduler.engines import cpu_affinity, process
+from scheduler.engines import cpu_affinity, oom, process
 from scheduler.engines.supervisor import (
     EngineStartError,
     Timeouts,
+    _death_detail,
     _pin_cpu_engine_core,
     engine_health_check,
     engine_refresh,
@@ -381,3 +382,69 @@ def test_the_periodic_check_finds_the_dead_engines_of_this_node(engine) -> None:
     assert engines_check_all(timeouts=FAST) == []
     kill_and_wait(pid_of(started))
     assert [e.name for e in engines_check_all(timeouts=FAST)] == ["fake"]
+
+
+def test_an_engine_that_finds_no_memory_for_its_kv_cache_fails_out_of_memory_counted(
+    engine, redis_db, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("VLLM_FAKE_MODE", "no_kv_memory")
+    with (
+        caplog.at_level(logging.ERROR, logger=oom.__name__),
+        pytest.raises(EngineStartError, match="died while starting"),
+    ):
+        engine_start(name="fake", timeouts=FAST)
+    engine.refresh_from_db()
+    assert engine.status == EngineStatus.FAILED
+    assert engine.status_detail.startswith("out of memory (no memory left for the KV cache): ")
+    assert "No available memory for the cache blocks" in engine.status_detail
+    assert oom.engine_oom_counts() == {("fake", "tiny"): 1}
+    assert "engine fake (tiny) ran out of memory" in caplog.text
+    # The next start dies of something else: the earlier run's words in the log are not its.
+    monkeypatch.setenv("VLLM_FAKE_MODE", "die")
+    with pytest.raises(EngineStartError, match="could not load the model") as failed:
+        engine_start(name="fake", timeouts=FAST)
+    assert not failed.value.message.startswith("out of memory")
+    assert oom.engine_oom_counts() == {("fake", "tiny"): 1}
+
+
+def test_a_ready_engine_that_runs_out_of_memory_is_failed_and_counted_once(
+    engine, redis_db
+) -> None:
+    started = engine_start(name="fake", timeouts=FAST)
+    os.kill(pid_of(started), signal.SIGUSR1)  # it prints torch's OOM error and exits 1
+    deadline = time.monotonic() + 10
+    while process.is_running(pid_of(started)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    # A start's wait and the crash check may both see one death: one count between them.
+    assert _death_detail(Engine.objects.get(name="fake"), "seen").startswith("out of memory")
+    checked = engine_refresh(engine=Engine.objects.get(name="fake"))
+    assert checked.status == EngineStatus.FAILED
+    assert checked.status_detail.startswith("out of memory (CUDA out of memory): ")
+    assert f"process {started.pid} is gone while ready (exit code 1)" in checked.status_detail
+    assert "torch.OutOfMemoryError: CUDA out of memory" in checked.status_detail
+    assert engine_stop(name="fake", timeouts=FAST).status == EngineStatus.STOPPED
+    assert oom.engine_oom_counts() == {("fake", "tiny"): 1}
+
+
+def test_an_engine_killed_by_a_sigkill_nobody_here_sent_is_counted_as_the_oom_killer(
+    engine, redis_db
+) -> None:
+    started = engine_start(name="fake", timeouts=FAST)
+    kill_and_wait(pid_of(started))
+    checked = engine_refresh(engine=Engine.objects.get(name="fake"))
+    assert checked.status_detail.startswith(f"out of memory ({oom.KILLED_CAUSE}): ")
+    assert "(exit code -9)" in checked.status_detail
+    assert oom.engine_oom_counts() == {("fake", "tiny"): 1}
+
+
+def test_an_engine_the_platform_stops_or_that_fails_otherwise_is_not_out_of_memory(
+    engine, redis_db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine_start(name="fake", timeouts=FAST)
+    assert engine_stop(name="fake", timeouts=FAST).status == EngineStatus.STOPPED
+    monkeypatch.setenv("VLLM_FAKE_MODE", "die")
+    with pytest.raises(EngineStartError):
+        engine_start(name="fake", timeouts=FAST)
+    engine.refresh_from_db()
+    assert not engine.status_detail.startswith("out of memory")
+    assert oom.engine_oom_counts() == {}
