@@ -110,6 +110,11 @@ CLUSTER_METRICS: dict[str, tuple[str, str]] = {
         "gauge",
         "KV memory the tenant may borrow above its quota.",
     ),
+    "gpushare_tenant_weight": (
+        "gauge",
+        "The tenant's weight: its share of contended capacity is its weight over the weights "
+        "of the tenants contending.",
+    ),
     "gpushare_engine_up": (
         "gauge",
         "1 while the engine is ready (or draining), 0 while it should run but cannot serve.",
@@ -436,15 +441,17 @@ class ClusterCollector(Collector):
 
         quota = _gauge("gpushare_tenant_quota_bytes", ["tenant"])
         burst = _gauge("gpushare_tenant_burst_bytes", ["tenant"])
+        weight = _gauge("gpushare_tenant_weight", ["tenant"])
         unreserved = _counter("gpushare_unreserved_prompt_tokens", ["tenant"])
         missed = unreserved_prompt_tokens()
-        for slug, quota_units, burst_units in Tenant.objects.filter(is_active=True).values_list(
-            "slug", "quota_units", "burst_units"
-        ):
+        for slug, quota_units, burst_units, weight_value in Tenant.objects.filter(
+            is_active=True
+        ).values_list("slug", "quota_units", "burst_units", "weight"):
             quota.add_metric([slug], units_to_bytes(quota_units))
             burst.add_metric([slug], units_to_bytes(burst_units))
+            weight.add_metric([slug], weight_value)
             unreserved.add_metric([slug], missed.get(slug, 0))  # from 0, so rate() sees it
-        yield from (quota, burst, unreserved)
+        yield from (quota, burst, weight, unreserved)
 
     def _engines(self) -> Iterator[Metric]:
         from plumbing.redis import redis_client

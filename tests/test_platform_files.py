@@ -151,13 +151,63 @@ def test_compose_redis_answers_only_with_the_password_every_service_carries():
         interpolate(compose(), {"DJANGO_SECRET_KEY": env["DJANGO_SECRET_KEY"]})
 
 
+PLATFORM_SERVICES = {"migrate", "web", "beat", "worker-node-1", "engine-agent-node-1"}
+# The monitoring profile's services run other projects' images: their environment is their
+# own settings (Grafana's GF_*), none of the platform's.
+MONITORING_SERVICES = {"prometheus": "", "grafana": "GF_"}
+
+
 def test_compose_sets_only_environment_the_platform_reads():
     known = settings_env_names() | OTHER_KNOWN_ENV
     services = compose()["services"]
-    for name in ("migrate", "web", "beat", "worker-node-1", "engine-agent-node-1"):
+    # Every service of the platform's images is checked, whatever its name.
+    platform = {n for n, s in services.items() if s["image"].split(":")[0].startswith("gpushare")}
+    assert platform == PLATFORM_SERVICES
+    for name in PLATFORM_SERVICES:
         env = set(services[name]["environment"])
         assert env <= known, (name, env - known)
         assert {"DATABASE_URL", "REDIS_URL", "DJANGO_SECRET_KEY"} <= env
+    others = set(services) - PLATFORM_SERVICES - set(MONITORING_SERVICES)
+    assert others == {"postgres", "redis"}
+    for name, prefix in MONITORING_SERVICES.items():
+        env = set(services[name].get("environment", {}))
+        assert all(prefix and var.startswith(prefix) for var in env), (name, env)
+
+
+def test_compose_monitoring_is_a_profile_scraping_the_cluster_page_once_with_the_token():
+    services = compose()["services"]
+    for name, service in services.items():
+        # The default stack stays lean: only Prometheus and Grafana are in the profile.
+        assert service.get("profiles", []) == (
+            ["monitoring"] if name in MONITORING_SERVICES else []
+        ), name
+        if name in MONITORING_SERVICES:  # they show every tenant's use: loopback only
+            assert all(port.startswith("127.0.0.1:") for port in service["ports"]), name
+    prometheus = services["prometheus"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in prometheus["volumes"]}  # where: what
+    config_path = next(a for a in prometheus["command"] if a.startswith("--config.file="))
+    config_file = Path(config_path.split("=", 1)[1])
+    config_dir = PLATFORM / mounts[str(config_file.parent)]
+    config = yaml.safe_load((config_dir / config_file.name).read_text())
+    assert "rules.yml" in config["rule_files"]
+    assert (config_dir / "rules.yml").is_file()
+    jobs = {job["metrics_path"]: job for job in config["scrape_configs"]}
+    assert set(jobs) == {"/metrics/cluster", "/metrics"}
+    assert len(config["scrape_configs"]) == 2
+    (cluster,) = jobs["/metrics/cluster"]["static_configs"]
+    (target,) = cluster["targets"]  # one target: every cluster-wide series once
+    host, port = target.split(":")
+    assert host == "web"
+    assert f"{port}:{port}" in services["web"]["ports"][0]
+    assert "web" in services["web"]["environment"]["DJANGO_ALLOWED_HOSTS"]
+    # The token: the web's GPUSHARE_METRICS_TOKEN, handed to Prometheus as a secret file.
+    (secret,) = prometheus["secrets"]
+    assert compose()["secrets"][secret] == {"environment": "GPUSHARE_METRICS_TOKEN"}
+    assert services["web"]["environment"]["GPUSHARE_METRICS_TOKEN"] == (
+        "${GPUSHARE_METRICS_TOKEN:-}"
+    )
+    for job in config["scrape_configs"]:
+        assert job["authorization"]["credentials_file"] == f"/run/secrets/{secret}"
 
 
 def test_kubernetes_web_is_scraped_on_the_port_it_serves():

@@ -284,6 +284,15 @@ def test_queue_reservation_and_quota_carry_tenant_class_and_pool_labels_in_bytes
     assert value(samples, "gpushare_engine_inflight", engine="eng-a") == 1
 
 
+def test_each_active_tenant_has_its_weight(busy: Tenant, outsider: Tenant):
+    """The dashboards draw each tenant's share of served tokens against its weight's share."""
+    Tenant.objects.filter(pk=busy.pk).update(weight=3.0)
+    Tenant.objects.filter(pk=outsider.pk).update(weight=0.5, is_active=False)
+    samples = scrape()
+    assert value(samples, "gpushare_tenant_weight", tenant="acme") == 3.0
+    assert all(labels["tenant"] != "globex" for labels, _ in samples["gpushare_tenant_weight"])
+
+
 def test_ledger_counters_and_histograms(busy: Tenant):
     samples = scrape()
     labels = {"tenant": "acme", "class": "standard", "model": "m"}
