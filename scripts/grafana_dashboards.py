@@ -379,6 +379,12 @@ def fleet() -> dict[str, Any]:
             target(f'sum by (engine) (rate(gpushare_engine_preemptions_total{{model=~"$model",'
                    f' {E}}}[{RATE}])) * 60', "{{engine}}"),
         ]),
+        timeseries("Out-of-memory deaths", "Engines that died out of memory (torch or CUDA, "
+                   "no room for the KV cache at start, or the kernel's OOM killer), in the "
+                   "last hour; GpushareEngineOutOfMemory pages at the first.", [
+            target(f'sum by (engine) (increase(gpushare_engine_oom_total{{model=~"$model",'
+                   f' {E}}}[1h]))', "{{engine}}"),
+        ]),
     ])  # fmt: skip
     gate = row("Offline gate", [
         timeseries("Engine load (the offline gate reads it)", "max(KV usage, reserved / "

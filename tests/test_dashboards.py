@@ -232,7 +232,7 @@ def uses(name: str, *fragments: str) -> bool:
     return any(all(f in expr for f in fragments) for expr in expressions(name))
 
 
-def test_fleet_shows_engines_seats_kv_gpus_the_offline_gate_queue_and_preemptions():
+def test_fleet_shows_engines_seats_kv_gpus_the_offline_gate_queue_and_engine_faults():
     fleet = "gpushare-fleet.json"
     for fragments in (
         ("gpushare_engine_up",),
@@ -253,6 +253,7 @@ def test_fleet_shows_engines_seats_kv_gpus_the_offline_gate_queue_and_preemption
         ("gpushare_queue_running", "class"),
         ("gpushare_queue_oldest_wait_seconds", "class"),
         ("rate(gpushare_engine_preemptions_total",),
+        ("increase(gpushare_engine_oom_total",),
     ):
         assert uses(fleet, *fragments), fragments
 
