@@ -266,3 +266,40 @@ def test_with_tracing_off_no_span_is_made_and_the_payload_carries_nothing(platfo
     assert answer.status_code == 200
     assert not EXPORTER.get_finished_spans()
     assert "traceparent" not in _Engine.seen[-1]
+
+
+def test_a_batch_line_is_one_trace_from_its_enqueue_to_its_engine_call(
+    traced, platform, settings, tmp_path
+):
+    from rest_framework.test import APIClient
+
+    from scheduler.batches.feeder import batch_process
+    from scheduler.models import Batch
+    from tests.scheduler.batches.test_service import chat_jsonl, start_batch
+
+    settings.GPUSHARE_BATCH_FILES_DIR = tmp_path / "files"
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=platform)
+    batch_id = start_batch(client, chat_jsonl(2))["id"]
+    batch_process(batch_pk=Batch.objects.get(public_id=batch_id).pk)
+
+    for _ in range(200):  # both lines' runs
+        if len([s for s in traced.get_finished_spans() if s.name == "gpushare.engine"]) == 2:
+            break
+        threading.Event().wait(0.02)
+    found = list(traced.get_finished_spans())
+    lines = [s for s in found if s.name == "gpushare.batch.line"]
+    assert len(lines) == 2
+    for line in lines:
+        assert line.parent is None  # each line's trace is its own
+        assert line.attributes is not None
+        assert line.attributes["gpushare.batch_id"] == batch_id
+        in_trace = by_name([s for s in found if s.context.trace_id == line.context.trace_id])
+        run, engine = the(in_trace, "gpushare.run"), the(in_trace, "gpushare.engine")
+        assert parent_of(run) == line.context.span_id
+        assert parent_of(engine) == run.context.span_id
+        assert run.attributes is not None
+        assert run.attributes["gpushare.class"] == "offline"
+        assert run.attributes["gpushare.batch_id"] == batch_id
+    custom_ids = {line.attributes["gpushare.custom_id"] for line in lines if line.attributes}
+    assert custom_ids == {"req-0", "req-1"}
