@@ -14,9 +14,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from plumbing import wire
+from plumbing.json_logs import utc_time
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +42,26 @@ def prefixed(engine: str, line: str) -> str:
     return f"[engine {engine}] {line}"
 
 
-class LogFollower:
-    """Follows the `*.log` files of a folder; `write` gets each new line, prefixed."""
+def as_json(engine: str, line: str) -> str:
+    """How it appears with GPUSHARE_LOG_FORMAT=json: a line of the agent's JSON log (logger
+    `engine`, level INFO, stamped when the agent read it), the engine's line its message."""
+    entry = {"time": utc_time(time.time()), "level": "INFO", "logger": "engine", "message": line}
+    return wire.dumps(entry | {"engine": engine})
 
-    def __init__(self, directory: Path, write: Callable[[str], None]) -> None:
+
+class LogFollower:
+    """Follows the `*.log` files of a folder; `write` gets each new line, as `shown` shows it
+    (`prefixed` or `as_json`)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        write: Callable[[str], None],
+        shown: Callable[[str, str], str] = prefixed,
+    ) -> None:
         self.directory = directory
         self._write = write
+        self._shown = shown
         self._files: dict[Path, _Followed] = {}
         self._started = False
 
@@ -87,7 +105,7 @@ class LogFollower:
         followed.partial = rest
         engine = path.stem
         for raw in lines:
-            self._write(prefixed(engine, raw.decode(errors="replace").rstrip("\r")))
+            self._write(self._shown(engine, raw.decode(errors="replace").rstrip("\r")))
         return len(lines)
 
 

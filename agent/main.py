@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     from django.conf import settings
 
     from agent.engines import check_in_thread, check_interval_s, drain_node
-    from agent.logtail import LogFollower, follow_in_thread, stdout_writer
+    from agent.logtail import LogFollower, as_json, follow_in_thread, prefixed, stdout_writer
     from agent.tasks_allowed import run_allowed_tasks_only
     from config.celery import app
     from scheduler.engines.agents import heartbeat_end
@@ -84,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_tracing("agent")  # where the OTEL_* settings ask for it (tracing.setup)
     node = node_name(settings.GPUSHARE_NODE_NAME)
     stop = threading.Event()
-    follower = LogFollower(Path(settings.GPUSHARE_ENGINE_DIR), stdout_writer())
+    shown = as_json if settings.GPUSHARE_LOG_FORMAT == "json" else prefixed
+    follower = LogFollower(Path(settings.GPUSHARE_ENGINE_DIR), stdout_writer(), shown)
     threads = [
         follow_in_thread(follower, stop),
         check_in_thread(node, stop, check_interval_s()),

@@ -3,6 +3,7 @@
 The defaults run a fresh checkout: a SQLite file under var/ and a local Redis.
 """
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from config.files_storage import files_storage_config
 from config.secret_key import secret_key
 from config.sqlite import sqlite_options
 from plumbing.env import env_bool, env_float, env_int, env_list, env_numbers, env_str
+from plumbing.json_logs import log_format
 from plumbing.redis import ssl_options
 
 # Lets generic admin/serializer classes be subscripted at run time, as the type hints do.
@@ -134,18 +136,22 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 
 LOGIN_URL = "/admin/login/"
 
-LOGGING = {
+# plain: a line of text; json: a JSON object a line (plumbing.json_logs), for a log pipeline.
+GPUSHARE_LOG_FORMAT = log_format()
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
-    # A line written while the web serves a /v1/ request ends with its id (plumbing.request_ids).
+    # A line written about a request ends with its id, tenant and engine, those known
+    # (plumbing.request_ids); a JSON line has them as fields.
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s%(request_tag)s"}
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s%(request_tag)s"},
+        "json": {"()": "plumbing.json_logs.JsonFormatter"},
     },
     "filters": {"request_id": {"()": "plumbing.request_ids.RequestIdFilter"}},
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
-            "formatter": "plain",
+            "formatter": GPUSHARE_LOG_FORMAT,
             "filters": ["request_id"],
         }
     },
@@ -154,6 +160,15 @@ LOGGING = {
     # the request path; failures are logged by the platform's own code.
     "loggers": {name: {"level": "WARNING"} for name in ("httpx", "httpcore")},
 }
+if GPUSHARE_LOG_FORMAT == "json":
+    # Python's warnings are written as log lines (logger `py.warnings`), not as text of their own.
+    logging.captureWarnings(True)
+    # uvicorn writes its own lines (the web's start, each request's access line) through
+    # handlers of its own, in its own format: in JSON they go through the console's instead.
+    LOGGING["loggers"] |= {
+        name: {"handlers": ["console"], "propagate": False}
+        for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+    }
 
 # --- Redis: the fair queue, live state, Celery's broker ---------------------------------
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")

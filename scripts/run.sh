@@ -53,7 +53,10 @@ start "$VENV/bin/celery" -A config worker --pool threads --concurrency "${GPUSHA
 say "Starting the engine agent (starts, drains and checks engines; log: var/log/agent.log)"
 start "$PY" -m agent >"$LOG_DIR/agent.log" 2>&1
 say "Starting Celery beat (log: var/log/beat.log)"
-start "$VENV/bin/celery" -A config beat --loglevel INFO >"$LOG_DIR/beat.log" 2>&1
+# In a JSON log (GPUSHARE_LOG_FORMAT=json) beat prints no banner: each line is a JSON object.
+quiet=()
+[ "${GPUSHARE_LOG_FORMAT:-plain}" = json ] && quiet=(--quiet)
+start "$VENV/bin/celery" "${quiet[@]}" -A config beat --loglevel INFO >"$LOG_DIR/beat.log" 2>&1
 
 say "Registering this machine's devices and the demo engine"
 "$PY" manage.py gpus discover || die "device discovery failed"

@@ -52,7 +52,7 @@ from fairqueue.aio import AsyncFairQueue
 from fairqueue.domain import DispatchLoop, Job
 from fairqueue.inbox import Inbox
 from fairqueue.queue import FairQueue, LastWords
-from plumbing import wire
+from plumbing import request_ids, wire
 from plumbing.aio_redis import Arg, AsyncRedis
 from plumbing.change_marks import cache_by_marks
 from plumbing.ttlcache import TtlCache
@@ -236,6 +236,7 @@ class Dispatcher:
         queue, relay = self.queue, self.relay
         while job is not None:
             run = self.take_run(job)
+            request_ids.bind(request_id=job.job_id, tenant=job.tenant, engine=job.engine_id)
             next_job, result = None, None
             try:
                 result = await run_picked(self, run)

@@ -276,6 +276,7 @@ async def _granted(
         grant = {
             "event": "grant", "url": client.base_url, "reply": reports.key, "stamp": job.stamp,
             "covered": job.covered_tokens,  # the web grows the reservation past it (Growth)
+            "engine": job.engine_id,  # the web's log lines about the job name it
         }  # fmt: skip
         relay.publish(run, grant)
         run_trace.dispatched(run)

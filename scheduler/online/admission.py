@@ -554,6 +554,7 @@ async def _admit(
     prepared = await _here_or_in_thread(_prepare, authorization, request, class_header, api_key)
     if spans.enabled():
         spans.annotate(_span_attributes(prepared))
+    request_ids.bind(tenant=prepared.api_key.tenant.slug)  # its log lines name it from here on
     engine, state = prepared.route.engine, _loop_state()
     # Before the limits count the request: a policy not yet cached is written first.
     await _here_or_in_thread(_sync_policy, prepared.api_key, state.queue.queue)
@@ -732,6 +733,7 @@ async def _follow(
         if kind == "grant":  # the stream is this process's to make (scheduler.online.granted)
             if admitted.trace is not None:
                 admitted.trace.saw(event)
+            request_ids.bind(engine=event.get("engine"))  # its log lines name it from here on
             stream = GrantedStream(
                 _loop_state().queue, admitted.job.job_id, admitted.job.request_class,
                 admitted.call, event, events,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
 
-from agent.logtail import LogFollower, follow_in_thread, prefixed, stdout_writer
+from agent.logtail import LogFollower, as_json, follow_in_thread, prefixed, stdout_writer
 
 
 def follower(tmp_path: Path) -> tuple[LogFollower, list[str]]:
@@ -26,6 +27,19 @@ def test_a_log_that_appears_is_followed_from_its_start_with_the_engines_name(tmp
     assert follow.poll() == 2
     assert out == ["[engine demo] === gpushare: starting engine demo", "[engine demo] INFO loading"]
     assert follow.poll() == 0  # nothing twice
+
+
+def test_in_a_json_log_an_engine_s_line_is_a_json_line_that_names_the_engine(tmp_path):
+    out: list[str] = []
+    follow = LogFollower(tmp_path, out.append, as_json)
+    follow.poll()
+    append(tmp_path / "demo.log", 'INFO "quoted" \\ ü\n')
+    follow.poll()
+
+    (line,) = [json.loads(written) for written in out]
+    assert (line["logger"], line["level"], line["engine"]) == ("engine", "INFO", "demo")
+    assert line["message"] == 'INFO "quoted" \\ ü'
+    assert line["time"].endswith("Z")
 
 
 def test_what_a_log_held_before_the_agent_started_is_not_written_again(tmp_path):
