@@ -1,6 +1,7 @@
 """`make run` stops as a user stops it: Ctrl-C in its terminal (SIGINT to the terminal's
-foreground process group, every process of it at once) or the terminal closed (SIGHUP to
-it). Within 30 s the engine is drained and stopped, and no process of the platform is left.
+foreground process group, every process of it at once), the terminal closed (SIGHUP to it),
+or `kill <pid>` (SIGTERM to the script alone, as a process manager stops its main process).
+Within 30 s the engine is drained and stopped, and no process of the platform is left.
 
 `scripts/run.sh` runs here exactly as `make run` runs it, with a database, a Redis database,
 ports and a var directory of its own, in a session of its own as a terminal's shell would
@@ -12,6 +13,7 @@ import contextlib
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -60,8 +62,14 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.parametrize("sent", [signal.SIGINT, signal.SIGHUP], ids=["ctrl-c", "hangup"])
-def test_make_run_stops_on_a_terminal_s_signal_and_leaves_nothing(tmp_path, sent) -> None:
+# SIGTERM to the script's group would reach the script alone too: each platform process runs
+# in a session of its own (scripts/run.sh), and nothing else runs in the foreground then.
+@pytest.mark.parametrize(
+    ("sent", "to_group"),
+    [(signal.SIGINT, True), (signal.SIGHUP, True), (signal.SIGTERM, False)],
+    ids=["ctrl-c", "hangup", "kill"],
+)
+def test_make_run_stops_on_a_signal_and_leaves_nothing(tmp_path, sent, to_group) -> None:
     redis.Redis.from_url(RUN_REDIS_URL).flushdb()
     port, engine_port = free_port(), free_port()
     env = {
@@ -96,7 +104,10 @@ def test_make_run_stops_on_a_terminal_s_signal_and_leaves_nothing(tmp_path, sent
         assert len(platform) >= 5  # worker, agent, beat, web and the engine (and their own)
 
         started = time.monotonic()
-        os.killpg(run.pid, sent)  # the whole foreground group, as the terminal does
+        if to_group:
+            os.killpg(run.pid, sent)  # the whole foreground group, as the terminal does
+        else:
+            os.kill(run.pid, sent)  # the script alone
         run.wait(timeout=STOP_WITHIN_S + 30)
         took = time.monotonic() - started
         left = {pid for pid in platform if alive(pid)}
@@ -106,6 +117,9 @@ def test_make_run_stops_on_a_terminal_s_signal_and_leaves_nothing(tmp_path, sent
         output = (tmp_path / "run.log").read_text()[-3000:]
         assert took < STOP_WITHIN_S, output
         assert not left, (left, output)
+        with sqlite3.connect(tmp_path / "run.sqlite3") as db:  # stopped through the agent
+            status = db.execute("SELECT status FROM scheduler_engine WHERE name = 'stops'")
+            assert status.fetchall() == [("stopped",)], output
         with socket.socket() as sock:  # nothing listens on the engine's port any more
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server would
             sock.bind(("127.0.0.1", engine_port))
