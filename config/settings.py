@@ -322,8 +322,11 @@ GPUSHARE_SCHED_QUEUE_TIMEOUTS_S = {
 }
 # A picked job's lease; the worker renews it while it streams, the reaper requeues it after.
 GPUSHARE_SCHED_LEASE_S = env_float("GPUSHARE_SCHED_LEASE_S", 120.0)
-# How long a finished job's record and event list stay in Redis.
-GPUSHARE_SCHED_KEEP_S = env_int("GPUSHARE_SCHED_KEEP_S", 24 * 3600)
+# How long a finished job's record (its summary, not its body) and event list stay in Redis:
+# while the platform may still ask for them (a waiter reading its last event, the batch
+# feeder recovering a line's answer that the database missed). The durable record is the
+# ledger's row in the database; Redis holds what is in flight.
+GPUSHARE_SCHED_KEEP_S = env_int("GPUSHARE_SCHED_KEEP_S", 600)
 GPUSHARE_SCHED_KEY_PREFIX = env_str("GPUSHARE_SCHED_KEY_PREFIX", "gs:fq:")
 # A worker's picker of a pool with nothing to run waits this long for new work (handed to it
 # through Redis, without a Celery message) before it ends.

@@ -112,8 +112,9 @@ class AsyncFairQueue:
         pool: str,
         last_words: LastWords | None = None,
     ) -> tuple[bool, Job | None]:
+        # The next job for the engine the released one ran on: room appeared there only.
         args = self.queue.release_pick_args(
-            job, prompt_tokens, completion_tokens, pool, "", None, last_words
+            job, prompt_tokens, completion_tokens, pool, "", None, last_words, same_engine=True
         )
         return release_pick_answer(await self._run("release_pick", *args), None)
 

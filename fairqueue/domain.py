@@ -132,7 +132,7 @@ class FairQueueConfig:
     lease_s: float = 120.0
     # How long a finished job's record and its event list stay readable (idempotent release,
     # a late waiter, the result of a duplicate run).
-    keep_s: int = 24 * 3600
+    keep_s: int = 600
     prefix: str = "gs:fq:"
     # A dispatch loop waiting for work is registered as idle for this long, renewed while it
     # waits (`FairQueue.wait_for_work`): a loop that died waiting stops being woken soon.
@@ -175,7 +175,7 @@ def config_from_settings(settings: Any) -> FairQueueConfig:
         else dict(DEFAULT_CLASS_WEIGHTS),
         queue_timeouts_s=dict(timeouts),
         lease_s=float(getattr(settings, "GPUSHARE_SCHED_LEASE_S", 120.0)),
-        keep_s=int(getattr(settings, "GPUSHARE_SCHED_KEEP_S", 24 * 3600)),
+        keep_s=int(getattr(settings, "GPUSHARE_SCHED_KEEP_S", 600)),
         prefix=str(getattr(settings, "GPUSHARE_SCHED_KEY_PREFIX", "gs:fq:")),
     )
 

@@ -38,6 +38,9 @@ key                                    type     holds
                                                 newest first, of a class with a target
 ``engines``                            set      engines that have a policy
 ``pool:{pool}:engines``                set      engines serving the pool
+``pool:{pool}:shape``                 hash     what an enqueue checks a job against: engines (how
+                                                many serve the pool), largest (KV budget),
+                                                predicts (1: one reserves predictions)
 ``pool:{pool}:outpred``                hash     each tenant's predicted output per sequence
                                                 (tokens): the quantile of its latest answers
 ``outlen:{pool}:{tenant}``             list     the tenant's latest output lengths per sequence
@@ -116,6 +119,9 @@ class Keys:
 
     def engine_ttfts(self, engine_id: str, request_class: str) -> str:
         return f"{self.prefix}engine:{engine_id}:ttft:{request_class}"
+
+    def pool_shape(self, pool: str) -> str:
+        return f"{self.prefix}pool:{pool}:shape"
 
     def output_predictions(self, pool: str) -> str:
         return f"{self.prefix}pool:{pool}:outpred"

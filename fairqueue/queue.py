@@ -88,7 +88,7 @@ CONTROLLER_FIELDS = ("below", "cut", "sampled")
 SCRIPT_NAMES: tuple[str, ...] = (
     *("enqueue", "pick", "release", "release_pick", "cancel", "requeue"),
     *("reap", "expire", "renew", "check", "stop_waiting", "kick", "answer", "set_load"),
-    "grow",
+    *("grow", "pool_shape"),
 )
 
 
@@ -224,6 +224,8 @@ class FairQueue:
         pipe.sadd(self.keys.pool_engines(policy.pool), policy.engine_id)
         pipe.sadd(self.keys.pools(), policy.pool)
         pipe.execute()
+        pools = {policy.pool} | ({_text(previous)} if previous is not None else set())
+        self._run("pool_shape", *sorted(pools))
 
     def set_engine_load(
         self,
@@ -258,6 +260,8 @@ class FairQueue:
             pipe.srem(self.keys.pool_engines(_text(pool)), engine_id)
         pipe.delete(self.keys.engine(engine_id))
         pipe.execute()
+        if pool is not None:
+            self._run("pool_shape", _text(pool))
 
     # --- the decisions --------------------------------------------------------------------
 
@@ -439,13 +443,17 @@ class FairQueue:
         loop: DispatchLoop | None = None,
         now: float | None = None,
         last_words: LastWords | None = None,
+        same_engine: bool = False,
     ) -> tuple[bool, Job | None]:
         """A worker's turn in one atomic step (one round trip): `release` of the job it ran
         (as its attempt, telling its `last_words`), then `pick` of its next one. Returns
-        (released, next job)."""
+        (released, next job). `same_engine`: the next job is picked for the engine the
+        released one ran on, the one place where room appeared (`engine_id` is then
+        unused; see lua/release_pick.lua)."""
         args = self.release_pick_args(
-            job, prompt_tokens, completion_tokens, pool, engine_id, loop, last_words
-        )
+            job, prompt_tokens, completion_tokens, pool, engine_id, loop, last_words,
+            same_engine,
+        )  # fmt: skip
         return release_pick_answer(self._run("release_pick", *args, now=now), loop)
 
     def release_pick_args(
@@ -457,11 +465,13 @@ class FairQueue:
         engine_id: str,
         loop: DispatchLoop | None,
         last_words: LastWords | None,
+        same_engine: bool = False,
     ) -> list[Any]:
         return [
             *(job.job_id, prompt_tokens, completion_tokens, str(job.attempt)),
             *self.pick_args(pool, engine_id, loop),
             *(last_words or NO_LAST_WORDS).args(),
+            "1" if same_engine else "",
         ]
 
     def pick_args(self, pool: str, engine_id: str, loop: DispatchLoop | None) -> list[str]:

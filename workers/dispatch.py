@@ -13,8 +13,9 @@ may run now, starting each job as a task of its own; then it waits for a wake-up
 (`GPUSHARE_DISPATCH_IDLE_S`, a minute) and ends if none comes. New work and freed seats wake
 a waiting picker through Redis (the enqueue, release and cancel scripts), without a Celery
 message: a message costs the sender, the worker and Redis several ms of CPU. A job that ends
-releases its reservation and picks the pool's next job in one script call, and runs it in
-the same task. Only when no picker of the pool waits does the web send a `dispatch` task
+releases its reservation and picks the pool's next job for the engine it ran on (where the
+room appeared: one engine read, however many the pool has) in one script call, and runs it
+in the same task. Only when no picker of the pool waits does the web send a `dispatch` task
 (once per burst); it starts the pool's picker in the process that takes it (or nudges the
 one already there), and a picker that starts summons the next while more work waits and no
 picker is idle (fan-out over processes). Housekeeping wakes or summons a picker for pools

@@ -22,17 +22,11 @@ local policy = redis.call('HMGET', k_tenant(tenant), 'quota_bytes', 'burst_bytes
 if not policy[1] then
   return {'rejected', 'unknown_tenant', 'the scheduler has no policy for tenant ' .. tenant}
 end
-local engines = redis.call('SMEMBERS', k_pool_engines(pool))
-if #engines == 0 then
+local shape = pool_shape(pool)
+if shape.engines == 0 then
   return {'rejected', 'no_engine', 'no engine serves pool ' .. pool}
 end
-local largest, predicts = 0, false
-for _, engine_id in ipairs(engines) do
-  local fields = redis.call('HMGET', k_engine(engine_id), 'kv_budget_bytes', 'reservation')
-  local budget = num(fields[1])
-  if budget > largest then largest = budget end
-  if fields[2] == 'predict' then predicts = true end
-end
+local largest, predicts = shape.largest, shape.predicts
 local kv_floor, kv_token = tonumber(ARGV[18] or '') or kv_bytes, tonumber(ARGV[19] or '') or 0
 if kv_bytes > largest then
   return {'rejected', 'larger_than_engine', string.format(

@@ -14,6 +14,9 @@ else
   NOW = tonumber(ARGV[2])
 end
 local CLASSES = {'interactive', 'standard', 'offline'}
+-- How long a tenant's latest answer lengths in a pool stay after its last answer there: a
+-- tenant back after a pause is predicted from them, not reserved its worst case again.
+local SAMPLES_KEEP_S = 24 * 3600
 
 local function k_job(id) return P .. 'job:' .. id end
 local function k_events(id) return P .. 'job:' .. id .. ':events' end
@@ -32,6 +35,7 @@ local function k_out_lens(pool, t) return P .. 'outlen:' .. pool .. ':' .. t end
 local function k_out_pred(pool) return P .. 'pool:' .. pool .. ':outpred' end
 local function k_engines() return P .. 'engines' end
 local function k_pool_engines(pool) return P .. 'pool:' .. pool .. ':engines' end
+local function k_pool_shape(pool) return P .. 'pool:' .. pool .. ':shape' end
 local function k_pools() return P .. 'pools' end
 local function k_inflight() return P .. 'inflight' end
 local function k_waiting() return P .. 'waiting' end
@@ -217,19 +221,19 @@ end
 
 -- An answer's length per sequence, for its tenant's prediction in the pool: the latest
 -- OUT_SAMPLES are kept, and their quantile `quantile` is the prediction once OUT_MIN_SAMPLES
--- are there. Kept as long as finished jobs are.
+-- are there. Kept SAMPLES_KEEP_S after the latest.
 local function observe_output(pool, tenant, per_seq, quantile)
   local key = k_out_lens(pool, tenant)
   redis.call('LPUSH', key, int(per_seq))
   redis.call('LTRIM', key, 0, OUT_SAMPLES - 1)
-  redis.call('EXPIRE', key, KEEP_S)
+  redis.call('EXPIRE', key, SAMPLES_KEEP_S)
   local lengths = redis.call('LRANGE', key, 0, -1)
   if #lengths < OUT_MIN_SAMPLES then return end
   for i, v in ipairs(lengths) do lengths[i] = tonumber(v) end
   table.sort(lengths)
   local at = math.max(1, math.min(#lengths, math.ceil(quantile * #lengths)))
   redis.call('HSET', k_out_pred(pool), tenant, int(lengths[at]))
-  redis.call('EXPIRE', k_out_pred(pool), KEEP_S)
+  redis.call('EXPIRE', k_out_pred(pool), SAMPLES_KEEP_S)
 end
 
 -- The tokens (its sequences' together) a running job's reservation covers, past which it
@@ -597,15 +601,24 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
   return job_id, job
 end
 
--- The engines of a pool, most free KV first (ties: fewest in flight, then by name): a job
--- goes where it has the most room.
+-- The engines of a pool that have a free seat or place, most free KV first (ties: fewest in
+-- flight, then by name): a job goes where it has the most room. Only the fields that room
+-- needs are read here; pick_on reads the whole hashes of the engines it tries (most picks
+-- try one).
+local ROOM_FIELDS = {'kv_budget_bytes', 'reservation', 'kv_scale', 'kv_used_at',
+                     'kv_excess_bytes', 'max_num_seqs', 'queued'}
 local function engines_by_room(pool)
   local room = {}
   for _, engine_id in ipairs(redis.call('SMEMBERS', k_pool_engines(pool))) do
-    local engine, usage = hgetall(k_engine(engine_id)), hgetall(k_engine_use(engine_id))
-    table.insert(room, {id = engine_id, engine = engine, usage = usage,
-                        free = engine_free(engine, usage),
-                        inflight = num(usage.inflight)})
+    local values = redis.call('HMGET', k_engine(engine_id), unpack(ROOM_FIELDS))
+    local engine = {}
+    for i, name in ipairs(ROOM_FIELDS) do engine[name] = values[i] or nil end
+    local used = redis.call('HMGET', k_engine_use(engine_id), 'reserved', 'inflight')
+    local usage = {reserved = used[1], inflight = used[2]}
+    local inflight = num(usage.inflight)
+    if inflight < num(engine.max_num_seqs) + num(engine.queued) then
+      table.insert(room, {id = engine_id, free = engine_free(engine, usage), inflight = inflight})
+    end
   end
   table.sort(room, function(a, b)
     if a.free ~= b.free then return a.free > b.free end
@@ -613,6 +626,28 @@ local function engines_by_room(pool)
     return a.id < b.id
   end)
   return room
+end
+
+-- What an enqueue checks a job against, for the whole pool at once: how many engines serve
+-- it, the largest KV budget among them and whether one reserves predictions. Written again
+-- whenever an engine's policy changes or it leaves (pool_shape.lua), so an enqueue reads one
+-- hash however many engines the pool has; recomputed here where it is missing.
+local function pool_shape(pool)
+  local shape = redis.call('HMGET', k_pool_shape(pool), 'engines', 'largest', 'predicts')
+  if shape[1] then
+    return {engines = num(shape[1]), largest = num(shape[2]), predicts = shape[3] == '1'}
+  end
+  local engines = redis.call('SMEMBERS', k_pool_engines(pool))
+  local largest, predicts = 0, false
+  for _, engine_id in ipairs(engines) do
+    local fields = redis.call('HMGET', k_engine(engine_id), 'kv_budget_bytes', 'reservation')
+    local budget = num(fields[1])
+    if budget > largest then largest = budget end
+    if fields[2] == 'predict' then predicts = true end
+  end
+  redis.call('HSET', k_pool_shape(pool), 'engines', #engines, 'largest', int(largest),
+    'predicts', predicts and '1' or '0')
+  return {engines = #engines, largest = largest, predicts = predicts}
 end
 
 -- Dispatch loops (workers/dispatch.py): a loop that finds nothing to run waits a while for
@@ -666,7 +701,7 @@ local function pick_reply(pool, engine_id, lease_s, weights, loop)
     if not job_id and job then return job end  -- pick_on's error reply
   else
     for _, room in ipairs(engines_by_room(pool)) do
-      job_id, job = pick_on(room.id, pool, lease_s, weights, room.engine, room.usage)
+      job_id, job = pick_on(room.id, pool, lease_s, weights)
       if job_id then break end
     end
   end

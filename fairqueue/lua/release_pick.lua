@@ -3,12 +3,28 @@
 -- ARGV[4..]: job_id, prompt_tokens, completion_tokens, attempt ('' = any), then as pick.lua:
 -- pool, engine_id ('' = any), lease_s, class weights, the dispatch loop's arguments; then
 -- the run's last words (tell_last_words): its final event, an outbox list, an entry for it,
--- and its time to first token in seconds ('' = none).
+-- and its time to first token in seconds ('' = none); then same_engine ('1': pick for the
+-- engine the released job ran on, whatever engine_id says).
 -- Returns {released (1/0), next job as JSON or false}.
+--
+-- The engine a release frees room on is the one place where room appeared, so a worker's
+-- turn picks for it alone (same_engine): a pick then reads one engine's hashes, not every
+-- engine's of the pool. Room that appears elsewhere (a job cancelled or requeued, a policy
+-- or load that changed) wakes a waiting loop, whose pick looks at every engine; housekeeping's
+-- kick (every GPUSHARE_HOUSEKEEPING_INTERVAL_S) finds whatever else is left. An engine no
+-- longer in the pool gets nothing (false), not an error.
 tell_last_words(ARGV[4], ARGV[18], ARGV[19], ARGV[20])
+local engine_id = ARGV[9]
+if ARGV[22] == '1' then
+  engine_id = redis.call('HGET', k_job(ARGV[4]), 'engine') or ''
+  if engine_id == '' or redis.call('HGET', k_engine(engine_id), 'pool') ~= ARGV[8] then
+    engine_id = nil
+  end
+end
 local released = release_job(ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7],
   tonumber(ARGV[21]))
-local next_job = pick_reply(ARGV[8], ARGV[9], tonumber(ARGV[10]), weights_from(11),
+if not engine_id then return {released, false} end
+local next_job = pick_reply(ARGV[8], engine_id, tonumber(ARGV[10]), weights_from(11),
   loop_from(14))
 if type(next_job) == 'table' then return next_job end  -- an error reply
 return {released, next_job}
