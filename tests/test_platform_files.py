@@ -28,7 +28,7 @@ SECRET_EXAMPLE = PLATFORM / "k8s" / "production" / "secret.example.yaml"
 
 WEB = ["python", "-m", "plumbing.serve", "config.asgi:application"]
 WORKER = ["celery", "-A", "config", "worker"]
-BEAT = ["celery", "-A", "config", "beat"]
+BEAT = ["celery", "--quiet", "-A", "config", "beat"]  # no banner: JSON logs stay JSON
 MIGRATE = ["python", "manage.py", "migrate"]
 AGENT = ["python", "-m", "agent"]
 # Read by Django itself, or by boto3 for the files bucket, not through plumbing.env.
