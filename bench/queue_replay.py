@@ -325,7 +325,8 @@ def main() -> None:
           f"{SEATS_PER_ENGINE} seats per engine, a 2 KB body each")  # fmt: skip
     print(
         f"{'engines':>7} {'tenants':>7} | {'cmd us/req':>10} {'cpu ms/req':>10} | "
-        f"{'waiting B':>9} {'in flight B':>11} {'finished B':>10} {'after window B':>14}"
+        f"{'waiting B':>9} {'in flight B':>11} {'finished B':>10} {'after window B':>14} | "
+        f"{'per tenant B':>12}"
     )
     try:
         for shape in shapes:
