@@ -65,27 +65,49 @@ class Server:
     workdir: str
     version: str
 
+    counting: bool = False  # under callgrind: instructions are counted when asked
+
     @classmethod
-    def start(cls) -> Server:
+    def start(cls, counting: bool = False) -> Server:
         import redis
 
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         port, workdir = free_port(), tempfile.mkdtemp(prefix="queue-replay-")
-        process = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", workdir],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                   "--appendonly", "no", "--dir", workdir]  # fmt: skip
+        if counting:
+            command = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                       f"--callgrind-out-file={workdir}/callgrind.out", *command]  # fmt: skip
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"redis://127.0.0.1:{port}/0"
         client = redis.Redis.from_url(url)
-        for _ in range(200):
+        for _ in range(1200):
             try:
                 version = str(client.info("server")["redis_version"])
-                return cls(process, url, workdir, version)
+                return cls(process, url, workdir, version, counting)
             except redis.ConnectionError:
                 time.sleep(0.05)
         process.kill()
         raise RuntimeError("redis-server did not start")
+
+    def count(self, on: bool) -> None:
+        """Starts or stops counting the server's instructions (callgrind)."""
+        if self.counting:
+            switch = "--instr=on" if on else "--instr=off"
+            subprocess.run(["callgrind_control", switch, str(self.process.pid)],
+                           check=True, capture_output=True)  # fmt: skip
+
+    def instructions(self) -> int:
+        """The instructions counted so far, dumped and read back."""
+        subprocess.run(["callgrind_control", "--dump", str(self.process.pid)],
+                       check=True, capture_output=True)  # fmt: skip
+        total = 0
+        for dump in Path(self.workdir).glob("callgrind.out.*"):  # the dumps made on request
+            for line in dump.read_text().splitlines():
+                if line.startswith("totals:"):
+                    total += int(line.split()[1])
+            dump.unlink()
+        return total
 
     def stop(self) -> None:
         self.process.terminate()
@@ -93,15 +115,22 @@ class Server:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def command_stats(client: Any) -> dict[str, tuple[int, float]]:
+    """Each command's calls and time (us) so far."""
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): (int(v["calls"]), float(v["usec"]))
+            for name, v in stats.items()}  # fmt: skip
+
+
 def command_usec(client: Any) -> float:
-    return float(sum(v["usec"] for v in client.info("commandstats").values()))
+    return sum(usec for _, usec in command_stats(client).values())
 
 
 def script_usec(client: Any) -> float:
-    """The time Redis spent in scripts (EVALSHA and EVAL) so far."""
+    """The time Redis spent in scripts and functions (EVALSHA, EVAL, FCALL) so far."""
     stats = client.info("commandstats")
-    return float(sum(stats.get(f"cmdstat_{name}", {}).get("usec", 0)
-                     for name in ("evalsha", "eval", "evalsha_ro", "eval_ro")))  # fmt: skip
+    names = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
+    return float(sum(stats.get(f"cmdstat_{name}", {}).get("usec", 0) for name in names))
 
 
 class Breakdown:
@@ -146,7 +175,7 @@ class Shape:
 
 
 class Replay:
-    def __init__(self, url: str, shape: Shape) -> None:
+    def __init__(self, server: Server, shape: Shape) -> None:
         import redis
 
         from fairqueue.domain import EnginePolicy, TenantPolicy
@@ -154,7 +183,8 @@ class Replay:
         from tenants.models import Tenant
         from tenants.usage_buffer import PENDING_KEY
 
-        self.client = redis.Redis.from_url(url)
+        self.server = server
+        self.client = redis.Redis.from_url(server.url)
         self.client.flushall()
         self.queue = fair_queue()
         self.shape = shape
@@ -262,9 +292,10 @@ class Replay:
         # Waiting jobs: (seats + waiting) enqueued; then `seats` of them picked.
         per_waiting = (with_waiting - empty) / (seats + waiting)
         per_running = per_waiting + (in_flight - with_waiting) / seats
-        usec, cpu = command_usec(client), server_cpu_s(client)
+        commands, cpu = command_stats(client), server_cpu_s(client)
         started = time.perf_counter()
         self.breakdown.on = breakdown
+        self.server.count(True)
         for turn in range(requests):
             if time.perf_counter() - started > keep_s:
                 raise RuntimeError("the replay outlasted --keep-s: finished jobs expired in it")
@@ -276,23 +307,34 @@ class Replay:
             running.append(next_job)
             if turn % 100 == 99:  # the ledger's flusher
                 client.ltrim(self.pending_key, 100, -1)
+        self.server.count(False)
+        instructions = self.server.instructions() / requests if self.server.counting else 0.0
         self.breakdown.on = False
-        usec = (command_usec(client) - usec) / requests
+        spent = {
+            name: ((calls - commands.get(name, (0, 0.0))[0]) / requests,
+                   (usec - commands.get(name, (0, 0.0))[1]) / requests)
+            for name, (calls, usec) in command_stats(client).items()
+        }  # fmt: skip
+        usec = sum(usec for _, usec in spent.values())
         cpu_ms = (server_cpu_s(client) - cpu) / requests * 1000
         client.delete(self.pending_key)
         finished = used_memory(client)
         per_finished = (finished - in_flight) / requests
-        time.sleep(max(0.0, keep_s + 0.5 - (time.perf_counter() - started)))
-        # What stays per tenant, not per request: its answer-length samples (a day).
-        samples = [*client.scan_iter(self.queue.keys.output_lengths(POOL, "*"))]
-        samples.append(self.queue.keys.output_predictions(POOL))
-        sample_bytes = sum(int(client.memory_usage(key) or 0) for key in samples)
-        after = settled_memory(client, keys_in_flight) - sample_bytes
-        per_finished_after = max(0.0, (after - in_flight) / requests)
+        if self.server.counting:  # slowed down many times: the window is not waited for
+            per_finished_after, sample_bytes = float("nan"), 0
+        else:
+            time.sleep(max(0.0, keep_s + 0.5 - (time.perf_counter() - started)))
+            # What stays per tenant, not per request: its answer-length samples (a day).
+            samples = [*client.scan_iter(self.queue.keys.output_lengths(POOL, "*"))]
+            samples.append(self.queue.keys.output_predictions(POOL))
+            sample_bytes = sum(int(client.memory_usage(key) or 0) for key in samples)
+            after = settled_memory(client, keys_in_flight) - sample_bytes
+            per_finished_after = max(0.0, (after - in_flight) / requests)
         return {"usec": usec, "cpu_ms": cpu_ms, "per_waiting": per_waiting,
                 "per_running": per_running, "per_finished": per_finished,
                 "per_finished_after": per_finished_after,
-                "per_tenant": sample_bytes / self.shape.tenants,
+                "per_tenant": sample_bytes / self.shape.tenants, "commands": spent,
+                "instructions": instructions,
                 "steps": {k: v / requests for k, v in self.breakdown.usec.items()}}  # fmt: skip
 
 
@@ -310,9 +352,13 @@ def main() -> None:
     parser.add_argument("--breakdown", action="store_true",
                         help="also each step's script time per request (its CPU column then "
                         "counts the INFO calls too)")  # fmt: skip
+    parser.add_argument("--instructions", action="store_true",
+                        help="run redis-server under callgrind and print the instructions it "
+                        "executes per request: the same count run after run, however busy the "
+                        "machine is (slow: give --keep-s several minutes)")  # fmt: skip
     args = parser.parse_args()
 
-    server = Server.start()
+    server = Server.start(counting=args.instructions)
     os.environ["REDIS_URL"] = server.url
     os.environ["GPUSHARE_SCHED_KEEP_S"] = str(args.keep_s)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -330,15 +376,20 @@ def main() -> None:
     )
     try:
         for shape in shapes:
-            result = Replay(server.url, shape).run(args.requests, args.keep_s, args.breakdown)
+            result = Replay(server, shape).run(args.requests, args.keep_s, args.breakdown)
             print(f"{shape.engines:>7} {shape.tenants:>7} | {result['usec']:>10.0f} "
                   f"{result['cpu_ms']:>10.3f} | {result['per_waiting']:>9.0f} "
                   f"{result['per_running']:>11.0f} {result['per_finished']:>10.0f} "
                   f"{result['per_finished_after']:>14.0f} | {result['per_tenant']:>12.0f}",
                   flush=True)  # fmt: skip
+            if args.instructions:
+                print(f"{'':>15} | instructions per request: {result['instructions']:,.0f}")
             if result["steps"]:
                 steps = ", ".join(f"{k} {v:.0f} us" for k, v in result["steps"].items())
                 print(f"{'':>15} | scripts per request: {steps}")
+                top = sorted(result["commands"].items(), key=lambda kv: -kv[1][1])[:8]
+                calls = ", ".join(f"{name} {usec:.0f} us ({n:.2g}x)" for name, (n, usec) in top)
+                print(f"{'':>15} | commands per request: {calls}")
     finally:
         server.stop()
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import redis
 
+from fairqueue import library
 from fairqueue.domain import DispatchLoop, FairQueueConfig, Job
 from fairqueue.keys import Keys
 from fairqueue.queue import (
@@ -45,22 +46,27 @@ class AsyncFairQueue:
         return self.queue.keys
 
     async def _run(self, name: str, *args: Any) -> Any:
-        script = self.queue.script(name)
-        return await self.redis.evalsha(
-            script.sha, script.script, 0, *self.queue.script_head(), *args
-        )
+        return (await self._run_many(name, [args]))[0]
 
     async def _run_many(self, name: str, calls: Sequence[Sequence[Any]]) -> list[Any]:
-        """One script run per argument list, in one round trip."""
+        """One function call per argument list, in one round trip."""
         if not calls:
             return []
-        script, head = self.queue.script(name), self.queue.script_head()
-        commands = [("EVALSHA", script.sha, 0, *head, *args) for args in calls]
+        function, head = library.function_name(name), self.queue.script_head()
+        commands = [("FCALL", function, 0, *head, *args) for args in calls]
         try:
             return await self.redis.pipeline(commands)
-        except redis.exceptions.NoScriptError:  # none of them ran (Redis forgot them all)
-            await self.redis.call("SCRIPT", "LOAD", script.script)
-            return await self.redis.pipeline(commands)
+        except redis.exceptions.ResponseError as error:
+            if not library.is_missing(error):
+                raise
+        # None of them ran: Redis did not know the library (a pipeline's replies are all
+        # read before an error is raised, and each call fails alike).
+        try:
+            await self.redis.call("FUNCTION", "LOAD", library.library_source())
+        except redis.exceptions.ResponseError as error:
+            if not library.is_loaded_already(error):
+                raise
+        return await self.redis.pipeline(commands)
 
     # --- the web ------------------------------------------------------------------------
 

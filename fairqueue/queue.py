@@ -1,9 +1,10 @@
 """`FairQueue`: the scheduler's Python API over Redis.
 
 Every operation that changes who runs next (enqueue, pick, release, cancel, requeue, reap,
-expire, renew) is one Lua script: `lua/lib.lua` (shared helpers) followed by the script's
-own file, registered once per client and called by SHA (redis-py's `Script` falls back to
-EVAL-and-load when Redis answers NOSCRIPT, e.g. after a restart). Time is Redis's own clock
+expire, renew) is one Lua function of the fair queue's Redis Functions library
+(`library.py`: `lua/lib.lua`'s shared helpers, then one function per script file), called
+with FCALL; a Redis that lost the library (a restart without persistence) ran nothing and
+gets it loaded before the call is made again. Time is Redis's own clock
 (TIME inside the script), so hosts whose clocks differ still agree on leases and deadlines;
 tests pass `now` (seconds) to drive the clock.
 
@@ -52,13 +53,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import redis
-from redis.commands.core import Script
 
+from fairqueue import library
 from fairqueue.domain import (
     BOUNDED_CLASSES,
     CheckReport,
@@ -79,22 +78,10 @@ from plumbing import wire
 from plumbing.raw_redis import RawRedis
 from protocol.classes import REQUEST_CLASSES
 
-LUA_DIR = Path(__file__).with_name("lua")
 # An idle loop's wait is cut in slices this long at most (and at most half its registration).
 WAIT_SLICE_S = 2.0
 # A seat controller's state in its engine's hash, per class (lua/lib.lua `observe_ttft`).
 CONTROLLER_FIELDS = ("below", "cut", "sampled")
-# One per decision; each file in lua/ runs after lib.lua as one atomic script.
-SCRIPT_NAMES: tuple[str, ...] = (
-    *("enqueue", "pick", "release", "release_pick", "cancel", "requeue"),
-    *("reap", "expire", "renew", "check", "stop_waiting", "kick", "answer", "set_load"),
-    *("grow", "pool_shape"),
-)
-
-
-@cache
-def script_source(name: str) -> str:
-    return (LUA_DIR / "lib.lua").read_text() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
 
 
 def _text(value: Any) -> str:
@@ -156,9 +143,6 @@ class FairQueue:
         self.redis = client
         self.config = config or FairQueueConfig()
         self.keys = Keys(self.config.prefix)
-        self._scripts: dict[str, Script] = {
-            name: client.register_script(script_source(name)) for name in SCRIPT_NAMES
-        }
         # The script calls, loops' waits and events go over lean connections of their own
         # where the client's kind of connection allows (raw_redis.py beside this file).
         self._raw = RawRedis.like(client)
@@ -271,19 +255,28 @@ class FairQueue:
         moment = "" if now is None else repr(float(now))
         return [self.config.prefix, moment, self.config.keep_s]
 
-    def script(self, name: str) -> Script:
-        return self._scripts[name]
+    def load_library(self) -> None:
+        """Loads the scripts' library into Redis, unless it is there already."""
+        try:
+            self.redis.function_load(library.library_source())
+        except redis.exceptions.ResponseError as error:
+            if not library.is_loaded_already(error):
+                raise
 
     def _run(self, name: str, *args: Any, now: float | None = None) -> Any:
-        head = self.script_head(now)
-        script = self._scripts[name]
-        if self._raw is None:
-            return script(keys=[], args=[*head, *args])
+        call = ("FCALL", library.function_name(name), 0, *self.script_head(now), *args)
         try:
-            return self._raw.call("EVALSHA", script.sha, 0, *head, *args)
-        except redis.exceptions.NoScriptError:  # a Redis restarted or flushed: nothing ran
-            self._raw.call("SCRIPT", "LOAD", script.script)
-            return self._raw.call("EVALSHA", script.sha, 0, *head, *args)
+            return self._call(call)
+        except redis.exceptions.ResponseError as error:
+            if not library.is_missing(error):
+                raise
+        self.load_library()  # Redis ran nothing: it did not know the function
+        return self._call(call)
+
+    def _call(self, command: tuple[Any, ...]) -> Any:
+        if self._raw is None:
+            return self.redis.execute_command(*command)
+        return self._raw.call(*command)
 
     def enqueue(
         self,

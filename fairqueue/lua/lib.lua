@@ -1,18 +1,29 @@
--- Shared helpers, prepended to every script by queue.py (one script = one atomic step).
--- ARGV[1] is the key prefix, ARGV[2] the current time (seconds; empty: Redis's own clock),
--- ARGV[3] the time to keep a finished job and its event list (seconds). Script arguments
--- start at ARGV[4]. Key names mirror keys.py one for one.
-local P = ARGV[1]
-local KEEP_S = tonumber(ARGV[3])
--- Redis's clock by default: web and worker hosts then share one time, so leases and queue
--- deadlines do not depend on their clocks agreeing. Tests pass their own.
-local NOW
-if ARGV[2] == '' then
-  local clock = redis.call('TIME')
-  NOW = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
-else
-  NOW = tonumber(ARGV[2])
+-- Shared helpers: the first part of the fair queue's Redis Functions library (library.py
+-- builds it: this file, then one function per script file, each running `begin` on its
+-- arguments and then its file's body). Redis runs the library's top level once, when it is
+-- loaded, and a call only its own function: the helpers below are not made again per call.
+-- A call's ARGV[1] is the key prefix, ARGV[2] the current time (seconds; empty: Redis's own
+-- clock), ARGV[3] the time to keep a finished job and its event list (seconds). Script
+-- arguments start at ARGV[4]. Key names mirror keys.py one for one.
+--
+-- ARGV, P, KEEP_S and NOW belong to the call running now: Redis runs one call at a time,
+-- and each call sets them first (`begin`), so no call sees another's.
+local ARGV, P, KEEP_S, NOW
+
+local function begin(argv)
+  ARGV = argv
+  P = argv[1]
+  KEEP_S = tonumber(argv[3])
+  -- Redis's clock by default: web and worker hosts then share one time, so leases and
+  -- queue deadlines do not depend on their clocks agreeing. Tests pass their own.
+  if argv[2] == '' then
+    local clock = redis.call('TIME')
+    NOW = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+  else
+    NOW = tonumber(argv[2])
+  end
 end
+
 local CLASSES = {'interactive', 'standard', 'offline'}
 -- How long a tenant's latest answer lengths in a pool stay after its last answer there: a
 -- tenant back after a pause is predicted from them, not reserved its worst case again.
