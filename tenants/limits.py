@@ -52,11 +52,16 @@ local tokens, budget, budget_key = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
 local seeded = ARGV[9] == '1'
 local minute = math.floor(now / 60)
 local overlap = 1 - (now - minute * 60) / 60
-local function count(kind, m)
-  return tonumber(redis.call('GET', prefix .. tenant .. ':' .. kind .. ':' .. m) or 0)
+-- Each window's count is read once: this minute's and the last one's, per kind.
+local counts = {}
+for _, kind in ipairs({'req', 'tok'}) do
+  local this = prefix .. tenant .. ':' .. kind .. ':' .. minute
+  local last = prefix .. tenant .. ':' .. kind .. ':' .. (minute - 1)
+  local values = redis.call('MGET', this, last)
+  counts[kind] = {key = this, this = tonumber(values[1] or 0), last = tonumber(values[2] or 0)}
 end
 local function recent(kind)
-  return count(kind, minute) + count(kind, minute - 1) * overlap
+  return counts[kind].this + counts[kind].last * overlap
 end
 local retry = math.ceil((minute + 1) * 60 - now)
 local verdict = 'ok'
@@ -69,9 +74,9 @@ elseif budget > 0 then
 end
 if verdict == 'ok' then
   for _, kind in ipairs({'req', 'tok'}) do
-    local key = prefix .. tenant .. ':' .. kind .. ':' .. minute
-    redis.call('INCRBY', key, kind == 'req' and 1 or tokens)
-    redis.call('EXPIRE', key, 180)
+    local count = counts[kind]
+    count.this = redis.call('INCRBY', count.key, kind == 'req' and 1 or tokens)
+    redis.call('EXPIRE', count.key, 180)
   end
   if budget > 0 then redis.call('INCRBY', budget_key, tokens) end
 end
@@ -79,7 +84,7 @@ end
 -- window holds nothing again: a minute's count weighs on until the end of the next one.
 local function left(kind, limit)
   if limit <= 0 then return 0, 0 end
-  local this, last = count(kind, minute), count(kind, minute - 1)
+  local this, last = counts[kind].this, counts[kind].last
   local reset = 0
   if this > 0 then
     reset = (minute + 2) * 60 - now
