@@ -68,13 +68,13 @@ class Server:
     counting: bool = False  # under callgrind: instructions are counted when asked
 
     @classmethod
-    def start(cls, counting: bool = False) -> Server:
+    def start(cls, counting: bool = False, extra: tuple[str, ...] = ()) -> Server:
         import redis
 
         binary = shutil.which("redis-server") or "/usr/bin/redis-server"
         port, workdir = free_port(), tempfile.mkdtemp(prefix="queue-replay-")
         command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                   "--appendonly", "no", "--dir", workdir]  # fmt: skip
+                   "--appendonly", "no", "--dir", workdir, *extra]  # fmt: skip
         if counting:
             command = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                        f"--callgrind-out-file={workdir}/callgrind.out", *command]  # fmt: skip
@@ -356,9 +356,12 @@ def main() -> None:
                         help="run redis-server under callgrind and print the instructions it "
                         "executes per request: the same count run after run, however busy the "
                         "machine is (slow: give --keep-s several minutes)")  # fmt: skip
+    parser.add_argument("--redis-args", default="",
+                        help="more redis-server arguments, as one string: a configuration to "
+                        "measure, e.g. '--zset-max-listpack-entries 16'")  # fmt: skip
     args = parser.parse_args()
 
-    server = Server.start(counting=args.instructions)
+    server = Server.start(counting=args.instructions, extra=tuple(args.redis_args.split()))
     os.environ["REDIS_URL"] = server.url
     os.environ["GPUSHARE_SCHED_KEEP_S"] = str(args.keep_s)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
