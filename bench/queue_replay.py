@@ -11,8 +11,10 @@ The engines are simulated (a running request ends when its turn comes, at random
 take no CPU, and every seat stays busy, with a queue of at least 2,000 behind them.
 
 Per shape (engines in the pool x tenants):
-  - Redis CPU per request: INFO commandstats (the commands' own time) and INFO cpu (the
-    server's user + system time: commands, network, event loop);
+  - Redis CPU per request: the scripts' time (INFO commandstats of EVALSHA and FCALL, the
+    commands they call included) and INFO cpu (the server's user + system time: commands,
+    network, event loop); with --instructions, the instructions redis-server executes
+    (callgrind: the same count run after run, however busy the machine is);
   - Redis memory per request waiting, in flight, finished within the finished-job window
     (GPUSHARE_SCHED_KEEP_S), and finished once the window has passed (--keep-s here: the
     bytes a finished request holds do not depend on how long it is kept); and what stays
@@ -21,7 +23,8 @@ Per shape (engines in the pool x tenants):
     .venv/bin/python bench/queue_replay.py            # the issue's shapes
     .venv/bin/python bench/queue_replay.py --engines 1,128 --tenants 100 --requests 2000
 
-Redis Cluster is not replayed: the queue's scripts do not declare their keys.
+Redis Cluster is not replayed: the queue's scripts do not declare their keys
+(docs/proposals/0001-fair-queue-on-redis-cluster.md).
 """
 
 from __future__ import annotations
@@ -122,15 +125,15 @@ def command_stats(client: Any) -> dict[str, tuple[int, float]]:
             for name, v in stats.items()}  # fmt: skip
 
 
-def command_usec(client: Any) -> float:
-    return sum(usec for _, usec in command_stats(client).values())
+# A script's time counts the commands it calls, which INFO commandstats counts again under
+# their own names: the scripts' time is read from these alone.
+SCRIPT_COMMANDS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
 
 
 def script_usec(client: Any) -> float:
     """The time Redis spent in scripts and functions (EVALSHA, EVAL, FCALL) so far."""
     stats = client.info("commandstats")
-    names = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
-    return float(sum(stats.get(f"cmdstat_{name}", {}).get("usec", 0) for name in names))
+    return float(sum(stats.get(f"cmdstat_{name}", {}).get("usec", 0) for name in SCRIPT_COMMANDS))
 
 
 class Breakdown:
@@ -315,7 +318,7 @@ class Replay:
                    (usec - commands.get(name, (0, 0.0))[1]) / requests)
             for name, (calls, usec) in command_stats(client).items()
         }  # fmt: skip
-        usec = sum(usec for _, usec in spent.values())
+        usec = sum(spent[name][1] for name in SCRIPT_COMMANDS if name in spent)
         cpu_ms = (server_cpu_s(client) - cpu) / requests * 1000
         client.delete(self.pending_key)
         finished = used_memory(client)
@@ -373,15 +376,18 @@ def main() -> None:
     print(f"redis-server {server.version}, {args.requests} requests per shape, "
           f"{SEATS_PER_ENGINE} seats per engine, a 2 KB body each")  # fmt: skip
     print(
-        f"{'engines':>7} {'tenants':>7} | {'cmd us/req':>10} {'cpu ms/req':>10} | "
+        f"{'engines':>7} {'tenants':>7} | {'script us':>10} {'cpu ms/req':>10} | "
         f"{'waiting B':>9} {'in flight B':>11} {'finished B':>10} {'after window B':>14} | "
         f"{'per tenant B':>12}"
     )
     try:
         for shape in shapes:
             result = Replay(server, shape).run(args.requests, args.keep_s, args.breakdown)
-            print(f"{shape.engines:>7} {shape.tenants:>7} | {result['usec']:>10.0f} "
-                  f"{result['cpu_ms']:>10.3f} | {result['per_waiting']:>9.0f} "
+            # Under callgrind the times are callgrind's: its instructions stand in for them.
+            usec, cpu = (f"{'-':>10}", f"{'-':>10}") if args.instructions else (
+                f"{result['usec']:>10.0f}", f"{result['cpu_ms']:>10.3f}")  # fmt: skip
+            print(f"{shape.engines:>7} {shape.tenants:>7} | {usec} "
+                  f"{cpu} | {result['per_waiting']:>9.0f} "
                   f"{result['per_running']:>11.0f} {result['per_finished']:>10.0f} "
                   f"{result['per_finished_after']:>14.0f} | {result['per_tenant']:>12.0f}",
                   flush=True)  # fmt: skip
