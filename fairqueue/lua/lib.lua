@@ -404,15 +404,17 @@ end
 -- released, cancelled, requeued) or whose attempt is not the one given ('' = any; a stale
 -- worker after a reap) is left alone. Returns 1 when released, 0 when it was a no-op.
 local RELEASE_FIELDS = {'state', 'attempt', 'reserved', 'held', 'tenant', 'engine', 'pool',
-                        'cls', 'charged', 'charge_weight', 'seqs', 'stamp', 'picked_at'}
+                        'cls', 'charged', 'charge_weight', 'seqs', 'stamp', 'picked_at',
+                        'summary'}
 -- `ttft`: the run's time to first token in seconds, for its class's controller (nil: none).
+-- Also returns the engine the job ran on (false when the job is gone), released or not.
 local function release_job(job_id, prompt_tokens, completion_tokens, attempt, ttft)
   -- Only what releasing needs: the job's payload can be large.
   local values = redis.call('HMGET', k_job(job_id), unpack(RELEASE_FIELDS))
   local job = {}
   for i, name in ipairs(RELEASE_FIELDS) do job[name] = values[i] end
-  if job.state ~= 'running' then return 0 end
-  if attempt ~= '' and attempt ~= job.attempt then return 0 end
+  if job.state ~= 'running' then return 0, job.engine end
+  if attempt ~= '' and attempt ~= job.attempt then return 0, job.engine end
   give_back(job_id, job)
   local seated = k_seated(job.pool, job.cls)
   if num(job.stamp) > num(redis.call('GET', seated)) then redis.call('SET', seated, job.stamp) end
@@ -422,13 +424,17 @@ local function release_job(job_id, prompt_tokens, completion_tokens, attempt, tt
     observe_output(job.pool, job.tenant, math.ceil(completion_tokens / seats(job)), quantile)
   end
   local charged = move_counter(job, token_charge(job, prompt_tokens, completion_tokens))
-  redis.call('HSET', k_job(job_id), 'reserved', '0', 'held', '0', 'lease_deadline', '',
-    'charged', charged,
+  local fields = {'reserved', '0', 'held', '0', 'lease_deadline', '', 'charged', charged,
     'used_prompt_tokens', int(prompt_tokens), 'used_completion_tokens', int(completion_tokens),
-    'state', 'done', 'reason', 'released', 'finished_at', fmt(NOW))
-  drop_payload(job_id)
+    'state', 'done', 'reason', 'released', 'finished_at', fmt(NOW)}
+  if job.summary then  -- as drop_payload, in the same write
+    table.insert(fields, 'payload')
+    table.insert(fields, job.summary)
+    redis.call('HDEL', k_job(job_id), 'summary')
+  end
+  redis.call('HSET', k_job(job_id), unpack(fields))
   redis.call('EXPIRE', k_job(job_id), KEEP_S)
-  return 1
+  return 1, job.engine
 end
 
 -- The head of a tenant's queue, expiring heads whose queue deadline has passed (so a
@@ -702,13 +708,13 @@ end
 -- `loop` (optional) is the dispatch loop picking: {token, idle_s, starting, summon_s}. A loop
 -- that finds nothing is registered idle for `idle_s`. A loop just started clears the summons
 -- that started it; if more work waits and no loop is idle, the job's `summon` field asks it
--- to summon the next loop (fan-out).
-local function pick_reply(pool, engine_id, lease_s, weights, loop)
+-- to summon the next loop (fan-out). `engine`: the engine's hash, when the caller has read it.
+local function pick_reply(pool, engine_id, lease_s, weights, loop, engine)
   loop = loop or {}
   if loop.starting then redis.call('DEL', k_loop_summoned(pool)) end
   local job_id, job
   if engine_id ~= '' then
-    job_id, job = pick_on(engine_id, pool, lease_s, weights)
+    job_id, job = pick_on(engine_id, pool, lease_s, weights, engine)
     if not job_id and job then return job end  -- pick_on's error reply
   else
     for _, room in ipairs(engines_by_room(pool)) do

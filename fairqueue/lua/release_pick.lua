@@ -14,17 +14,16 @@
 -- kick (every GPUSHARE_HOUSEKEEPING_INTERVAL_S) finds whatever else is left. An engine no
 -- longer in the pool gets nothing (false), not an error.
 tell_last_words(ARGV[4], ARGV[18], ARGV[19], ARGV[20])
-local engine_id = ARGV[9]
-if ARGV[22] == '1' then
-  engine_id = redis.call('HGET', k_job(ARGV[4]), 'engine') or ''
-  if engine_id == '' or redis.call('HGET', k_engine(engine_id), 'pool') ~= ARGV[8] then
-    engine_id = nil
-  end
-end
-local released = release_job(ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7],
+local released, ran_on = release_job(ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7],
   tonumber(ARGV[21]))
-if not engine_id then return {released, false} end
+local engine_id, engine = ARGV[9], nil
+if ARGV[22] == '1' then
+  -- Read after the release, which moved its seat controller and freed its room.
+  engine = ran_on and ran_on ~= '' and hgetall(k_engine(ran_on)) or {}
+  if engine.pool ~= ARGV[8] then return {released, false} end
+  engine_id = ran_on
+end
 local next_job = pick_reply(ARGV[8], engine_id, tonumber(ARGV[10]), weights_from(11),
-  loop_from(14))
+  loop_from(14), engine)
 if type(next_job) == 'table' then return next_job end  -- an error reply
 return {released, next_job}
