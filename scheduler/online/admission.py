@@ -39,6 +39,7 @@ from plumbing import request_ids, wire
 from plumbing.aio_redis import AsyncRedis
 from plumbing.change_marks import cache_by_marks
 from plumbing.errors import DomainError, Forbidden, NotFound
+from plumbing.redis import sentinels
 from plumbing.ttlcache import TtlCache
 from protocol.inference import (
     GENERATION_ENDPOINTS,
@@ -262,6 +263,7 @@ def _loop_state() -> _LoopState:
         # for the commands in flight (admissions' scripts, cancels, the inbox's read).
         client = AsyncRedis(
             settings.REDIS_URL,
+            sentinels=sentinels(),
             max_connections=settings.GPUSHARE_WEB_REDIS_CONNECTIONS,
             read_timeout_s=EVENTS_READ_TIMEOUT_S,
         )
