@@ -206,10 +206,17 @@ class AsyncRedis:
         return fence.check(answer, acked)
 
     async def pipeline(
-        self, commands: Sequence[Sequence[Arg]], *, block_s: float = 0.0
+        self, commands: Sequence[Sequence[Arg]], *, block_s: float = 0.0, fence: Fence = NO_FENCE
     ) -> list[Any]:
         """The replies of `commands`, sent in one write and read in order. An error reply is
-        raised once all replies are read (the first one, as redis-py's class)."""
+        raised once all replies are read (the first one, as redis-py's class). With a
+        `fence`, its WAIT follows them in the same write, and replies it did not see
+        replicated raise NotReplicated (its answer: the replies)."""
+        if fence:
+            *replies, acked = await self.pipeline(
+                [*commands, fence.command()], block_s=block_s + fence.block_s
+            )
+            return list(fence.check(replies, acked))
         data = b"".join(pack_command(*command) for command in commands)
         async with self._slots:
             connection = self._kept() or await self._connect()

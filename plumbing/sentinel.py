@@ -165,6 +165,12 @@ def demoted(error: str) -> bool:
     )
 
 
+def refused_for_replicas(error: Exception) -> bool:
+    """Whether an error reply is a primary's refusal to write for want of replicas in step
+    (`min-replicas-to-write`): the write, a script's first one included, did not run."""
+    return str(error).startswith("NOREPLICAS")
+
+
 def sentinels_of(client: redis.Redis) -> Sentinels | None:
     """The sentinels a redis-py client made by `Sentinel.master_for` asks; None for another."""
     pool = client.connection_pool

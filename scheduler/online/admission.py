@@ -799,11 +799,16 @@ async def _check_still_coming(
     queue deadline the job is held to (a job requeued after its engine failed was given a
     fresh one, which its record in the queue has: the wait that was over was not its fault),
     and whether the job runs: one past its deadline that the queue says runs has not spoken
-    yet (an answer that is not streamed speaks once, at its end)."""
+    yet (an answer that is not streamed speaks once, at its end). A job Redis no longer holds
+    (a failover lost it) will say nothing more: that is a 503."""
     job_id, queue = admitted.job.job_id, _loop_state().queue
     now = time.time()
+    if silent_s >= EVENTS_WAIT_S and not await queue.job_exists(job_id):
+        raise _lost()
     if not running and now > deadline + 1.0:
         job = await queue.get_job(job_id)
+        if job is None:
+            raise _lost()
         if job is not None and job.state == JobState.RUNNING:
             return deadline, True
         if job is not None and job.state == JobState.QUEUED:
@@ -816,6 +821,10 @@ async def _check_still_coming(
         await queue.cancel(job_id, reason="engine_silent")
         raise Unavailable("The engine stopped answering this request; please retry.")
     return deadline, running
+
+
+def _lost() -> Unavailable:
+    return Unavailable("The request was lost when Redis failed over; please retry.")
 
 
 def _queue_timeout(admitted: Admitted) -> QueueTimeout:
