@@ -76,8 +76,10 @@ class RedisNode:
 class SentinelGroup:
     """A primary, one replica and three sentinels watching them."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, min_replicas_to_write: int = 0) -> None:
         self.servers = [RedisNode(workdir, "redis-a"), RedisNode(workdir, "redis-b")]
+        # A primary without that many replicas in step refuses writes (NOREPLICAS).
+        self.min_replicas_to_write = min_replicas_to_write
         self.sentinels = [RedisNode(workdir, f"sentinel-{i}") for i in range(3)]
 
     @property
@@ -91,7 +93,8 @@ class SentinelGroup:
     def _start_server(self, node: RedisNode, replica_of: tuple[str, int] | None) -> None:
         args = ["--port", str(node.port), "--bind", "127.0.0.1", "--dir", str(node.dir),
                 "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-                "--protected-mode", "no"]  # fmt: skip
+                "--protected-mode", "no",
+                "--min-replicas-to-write", str(self.min_replicas_to_write)]  # fmt: skip
         if replica_of is not None:
             args += ["--replicaof", replica_of[0], str(replica_of[1])]
         node.start(*args)
