@@ -15,7 +15,7 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
-from plumbing.redis import new_client
+from plumbing.redis import close_client, new_client
 
 
 @require_GET
@@ -35,7 +35,7 @@ def _check_redis() -> None:
     try:
         client.ping()
     finally:
-        client.close()
+        close_client(client)
 
 
 class NoReadyEngine(Exception):

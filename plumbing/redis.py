@@ -51,6 +51,14 @@ def new_client(url: str, **options: Any) -> redis.Redis:
     return sentinel.master_for(found.service, redis_class=redis.Redis)
 
 
+def close_client(client: redis.Redis) -> None:
+    """Closes a client of `new_client`, and under Sentinel its connections to the sentinels."""
+    client.close()
+    manager = getattr(client.connection_pool, "sentinel_manager", None)
+    if manager is not None:
+        manager.close()
+
+
 @cache
 def _client_for(url: str, sentinel_key: tuple[Any, ...]) -> redis.Redis:
     return new_client(url, decode_responses=True, health_check_interval=30)

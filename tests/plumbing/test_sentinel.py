@@ -253,7 +253,13 @@ def test_the_fence_counts_the_replicas_that_have_the_write(group: SentinelGroup)
 def test_the_settings_put_every_client_and_celerys_broker_on_the_sentinels(
     group: SentinelGroup, settings: Any
 ) -> None:
-    from plumbing.redis import new_client, redis_client, sentinel_broker_url, sentinels
+    from plumbing.redis import (
+        close_client,
+        new_client,
+        redis_client,
+        sentinel_broker_url,
+        sentinels,
+    )
 
     settings.REDIS_URL = "redis://:pw@nowhere.invalid:1/5"
     settings.GPUSHARE_REDIS_SENTINELS = group.sentinel_addresses
@@ -266,7 +272,13 @@ def test_the_settings_put_every_client_and_celerys_broker_on_the_sentinels(
     assert client.connection_pool.connection_kwargs["db"] == 5
     client.set("through-sentinel", "1")
     assert redis.Redis(port=group.servers[0].port, db=5).get("through-sentinel") == b"1"
-    assert new_client(settings.REDIS_URL).ping()
+    fresh = new_client(settings.REDIS_URL, socket_timeout=1)
+    assert fresh.ping()
+    close_client(fresh)  # the readiness check's: nothing stays open to the sentinels
+    sentinel_links = fresh.connection_pool.sentinel_manager.sentinels  # type: ignore[attr-defined]
+    pools = [link.connection_pool for link in sentinel_links]
+    assert any(pool._available_connections for pool in pools)  # it asked them
+    assert all(c._sock is None for pool in pools for c in pool._available_connections)
     raw = RawRedis.like(client)
     assert raw is not None
     assert raw.sentinels is not None
