@@ -238,14 +238,14 @@ class AsyncRedis:
         if connection.usable:
             self._free.append(connection)
 
-    async def evalsha(self, sha: str, source: Arg, *args: Arg, fence: Fence = NO_FENCE) -> Any:
+    async def evalsha(self, sha: str, source: Arg, *args: Arg) -> Any:
         """EVALSHA of a script, loaded first if Redis does not know it (a restart, a flush:
-        NOSCRIPT means nothing ran, so the call is made again). `fence`: as `call`."""
+        NOSCRIPT means nothing ran, so the call is made again)."""
         try:
-            return await self.call("EVALSHA", sha, *args, fence=fence)
+            return await self.call("EVALSHA", sha, *args)
         except redis.exceptions.NoScriptError:
             await self.call("SCRIPT", "LOAD", source)
-            return await self.call("EVALSHA", sha, *args, fence=fence)
+            return await self.call("EVALSHA", sha, *args)
 
     async def blpop(self, key: str, timeout_s: int) -> tuple[bytes, bytes] | None:
         """The list's first element (key, value), or None when none came within `timeout_s`
