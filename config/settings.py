@@ -180,7 +180,7 @@ GPUSHARE_REDIS_SENTINEL_MASTER = env_str("GPUSHARE_REDIS_SENTINEL_MASTER", "myma
 GPUSHARE_REDIS_SENTINEL_PASSWORD = env_str("GPUSHARE_REDIS_SENTINEL_PASSWORD", "")
 # The fair queue's writes wait for this many replicas to acknowledge them (WAIT) before the
 # platform acts on them: a write a promoted replica lacks then ran nothing and lost no
-# answer (docs/decisions/0012-fence-the-fair-queue-with-wait.md). 0: no wait.
+# answer (docs/decisions/0013-fence-the-fair-queue-with-wait.md). 0: no wait.
 GPUSHARE_REDIS_REPLICAS_ACK = env_int("GPUSHARE_REDIS_REPLICAS_ACK", 0)
 GPUSHARE_REDIS_REPLICAS_ACK_TIMEOUT_MS = env_int("GPUSHARE_REDIS_REPLICAS_ACK_TIMEOUT_MS", 1000)
 

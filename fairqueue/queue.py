@@ -52,7 +52,7 @@ who runs what and what a waiter or the ledger hears (`FENCED_SCRIPTS`) are follo
 allows (`plumbing/sentinel.py` Fence). A call that fewer replicas acknowledged raises
 NotReplicated (a redis ConnectionError) with the script's answer: a promoted replica may
 lack the write, so its answer is not acted on as it stands (`aio.py` says what the worker
-and the web do instead; docs/decisions/0012-fence-the-fair-queue-with-wait.md).
+and the web do instead; docs/decisions/0013-fence-the-fair-queue-with-wait.md).
 """
 
 import json

@@ -15,7 +15,7 @@ in a failover may not have received it. `WAIT replicas timeout_ms`, sent on the 
 right behind the write, answers how many replicas have it; fewer than asked is
 `NotReplicated`, a ConnectionError that carries the primary's answer, so a caller that knows
 nothing of fencing takes it as a call that may or may not have happened, which it is
-(docs/decisions/0012-fence-the-fair-queue-with-wait.md).
+(docs/decisions/0013-fence-the-fair-queue-with-wait.md).
 """
 
 from __future__ import annotations
