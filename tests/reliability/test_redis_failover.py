@@ -14,20 +14,27 @@ What holds:
   (a 503, or a stream's error event and `[DONE]`) within FAILOVER_WINDOW_S of the kill;
 - new requests succeed once the replica is promoted and the old primary has rejoined;
 - nothing stays reserved, the scheduler's check finds no drift, and every request answered
-  200 has its ledger row, with the tokens its client got.
+  200 has its ledger row, with the tokens its client got;
+- no job is taken from a live worker: a lease is reaped only for a pick that never ran, or
+  from a worker that exited.
 
-The Celery worker, web and beat run under a supervisor, as in test_redis_restart.py.
+It runs twice: on Redis as it comes, and with `min-replicas-to-write 1`, where the new
+primary refuses writes until the old one is back as its replica. The Celery worker, web and
+beat run under a supervisor, as in test_redis_restart.py: kombu ends a Celery process whose
+broker refuses a write, and a deployment starts it again.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -53,7 +60,8 @@ REQUESTS = 40
 BATCH_LINES = 60
 # The longest an in-flight request may take to end, answered or refused, after the primary
 # dies: the sentinels' down-after (1 s) and election, the old primary's restart as a
-# replica, a lease (5 s here) for a pick nobody acknowledged, and the answer itself.
+# replica, a lease (30 s here) for a pick nobody acknowledged or a run whose worker exited,
+# and the answer itself.
 FAILOVER_WINDOW_S = 90.0
 # The longest after the kill until new requests are answered again (docs/CONFIGURATION.md,
 # Redis Sentinel: the failover window).
@@ -71,16 +79,24 @@ def timed_post(http: httpx.Client, key: str, body: dict[str, Any]) -> Timed:
     return Timed(answer, time.monotonic())
 
 
-@pytest.fixture(scope="module")
-def failover_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@pytest.fixture(scope="module", params=[0, 1], ids=["wait", "wait+min-replicas-to-write"])
+def failover_stack(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Stack]:
+    """The platform fenced with WAIT, on Redis without, then with `min-replicas-to-write 1`
+    (docs/CONFIGURATION.md recommends it: a primary cut off from its replica takes no write;
+    with one replica, the new primary takes none until the old one is back)."""
     workdir = tmp_path_factory.mktemp("failover")
-    group = SentinelGroup(workdir, min_replicas_to_write=1)
+    group = SentinelGroup(workdir, min_replicas_to_write=request.param)
     env: dict[str, str | None] = {
         "GPUSHARE_REDIS_SENTINELS": ",".join(group.sentinel_addresses),
         "GPUSHARE_REDIS_SENTINEL_MASTER": MASTER,
         "GPUSHARE_REDIS_REPLICAS_ACK": "1",
         "GPUSHARE_REDIS_REPLICAS_ACK_TIMEOUT_MS": "500",
         "CELERY_BROKER_URL": None,  # made from the sentinels: kombu's sentinel transport
+        # Leases outlast the window in which Redis takes no write (their renewals are
+        # refused too): a lease that lapsed meanwhile would be reaped from a live worker.
+        "GPUSHARE_SCHED_LEASE_S": "30",
     }
     started = start_stack(workdir, "failover-engine", server=group, env=env)
     try:
@@ -114,7 +130,10 @@ def test_nothing_runs_twice_and_nothing_hangs_across_a_sentinel_failover(
     bodies = [chat_body(160, stream=i % 2 == 0) for i in range(REQUESTS)]
     with Supervisor(platform, ["worker", "agent", "web", "beat"]) as supervisor:
         in_flight, probes, killed_at = kill_the_primary_under_load(stack, (key, prober), bodies)
-    print(f"restarted by the supervisor: {supervisor.restarts or 'nothing'}")
+    restarts = supervisor.restarts
+    # kombu ends a Celery process whose broker refuses a write (NOREPLICAS, while the new
+    # primary has no replica in step), and the deployment starts it again.
+    print(f"restarted by the supervisor: {restarts or 'nothing'}")
 
     answers = [t.answer for t in in_flight]
     ended = max(t.ended_at for t in in_flight) - killed_at
@@ -166,6 +185,23 @@ def test_nothing_runs_twice_and_nothing_hangs_across_a_sentinel_failover(
             assert row["completion_tokens"] == answer.body["usage"]["completion_tokens"]
             assert row["status_code"] == 200
     print(f"ledger: {len(rows)} rows, one per request id; nothing reserved, no drift")
+
+    # No job was taken from a live worker: a lease is reaped only from a worker that exited
+    # (its runs ended with it), or for a pick that was never run (not acknowledged, and its
+    # give-back failed too).
+    reaped, unrun = reaped_and_unrun(platform.workdir / "worker.log")
+    print(f"leases reaped: {len(reaped)}, picks neither acknowledged nor given back: {len(unrun)}")
+    if not any(restart.startswith("worker") for restart in restarts):
+        assert reaped <= unrun, reaped - unrun
+
+
+def reaped_and_unrun(log: Path) -> tuple[set[str], set[str]]:
+    """The jobs whose leases housekeeping reaped, and those whose pick was neither
+    acknowledged nor given back, as the worker's log says."""
+    text = log.read_text(errors="replace")
+    reaped = {job for ids in re.findall(r"leases reaped \[([^]]*)\]", text) for job in ids.split()}
+    unrun = set(re.findall(r"job (\w+): its pick was not acknowledged nor given back", text))
+    return reaped, unrun
 
 
 def kill_the_primary_under_load(
