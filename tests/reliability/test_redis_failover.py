@@ -175,9 +175,19 @@ def test_nothing_runs_twice_and_nothing_hangs_across_a_sentinel_failover(
 
     # The ledger: one row per request id, and each request answered 200 has its own with
     # the tokens its client got.
-    rows = wait_until(lambda: ledger_settled(platform, slug, answers), 60, "the ledger rows")
+    rows = wait_until(
+        lambda: ledger_settled(platform, slug, answers, batch.id), 60, "the ledger rows"
+    )
     ids = Counter(row["request_id"] for row in rows)
     assert max(ids.values()) == 1
+    # A batch line's job is `<batch>-<line>-<run>`: a line run twice would have two rows.
+    lines_billed = Counter(
+        r["request_id"].rsplit("-", 1)[0]
+        for r in rows
+        if r["request_id"].startswith(f"{batch.id}-")
+    )
+    assert len(lines_billed) == BATCH_LINES
+    assert max(lines_billed.values()) == 1, [line for line, n in lines_billed.items() if n > 1]
     by_id = {row["request_id"]: row for row in rows}
     for answer in answers:
         if answer.status == 200 and answer.body is not None:
@@ -234,12 +244,16 @@ def kill_the_primary_under_load(
         return in_flight, probing.result(), killed_at
 
 
-def ledger_settled(platform: Any, slug: str, answers: list[Answer]) -> list[dict[str, Any]] | None:
-    """The tenant's ledger rows once every request answered 200 has one."""
+def ledger_settled(
+    platform: Any, slug: str, answers: list[Answer], batch_id: str
+) -> list[dict[str, Any]] | None:
+    """The tenant's ledger rows once every request answered 200 and every line of the batch
+    has one."""
     rows = usage_rows(platform, slug)
     have = {row["request_id"] for row in rows}
     wanted = {a.request_id for a in answers if a.status == 200 and a.request_id}
-    return rows if wanted <= have else None
+    lines = {r.rsplit("-", 1)[0] for r in have if r.startswith(f"{batch_id}-")}
+    return rows if wanted <= have and len(lines) == BATCH_LINES else None
 
 
 def probe(base_url: str, key: str, stop: threading.Event) -> list[tuple[float, Answer]]:
