@@ -328,6 +328,10 @@ def test_sentinel_runs_a_primary_a_replica_and_three_sentinels_the_platform_asks
         assert selects({"matchLabels": service["selector"]}, spec["template"]["metadata"]["labels"])
     (server,) = redis["template"]["spec"]["containers"]
     script = server["command"][-1]
+    # Development's Redis options hold under Sentinel too (its command is replaced here).
+    development = one("development", "StatefulSet", "redis")["spec"]["template"]["spec"]
+    options = [arg for arg in development["containers"][0]["command"] if arg.startswith("--")]
+    assert [option for option in options if option not in script] == []
     for option in ("--appendonly yes", "--appendfsync everysec", '--requirepass "$REDIS_PASSWORD"',
                    '--masterauth "$REDIS_PASSWORD"', "--min-replicas-to-write 1"):  # fmt: skip
         assert option in script
