@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import redis
 from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
+
+from plumbing.redis import close_client, new_client
 
 
 @require_GET
@@ -30,13 +31,11 @@ def _check_database() -> None:
 def _check_redis() -> None:
     # A fresh short-timeout client: a pooled one could hang for its socket timeout.
     timeout = settings.GPUSHARE_READY_TIMEOUT_S
-    client = redis.Redis.from_url(
-        settings.REDIS_URL, socket_timeout=timeout, socket_connect_timeout=timeout
-    )
+    client = new_client(settings.REDIS_URL, socket_timeout=timeout, socket_connect_timeout=timeout)
     try:
         client.ping()
     finally:
-        client.close()
+        close_client(client)
 
 
 class NoReadyEngine(Exception):

@@ -16,7 +16,7 @@ from config.secret_key import secret_key
 from config.sqlite import sqlite_options
 from plumbing.env import env_bool, env_float, env_int, env_list, env_numbers, env_str
 from plumbing.json_logs import log_format
-from plumbing.redis import ssl_options
+from plumbing.redis import sentinel_broker_url, ssl_options
 
 # Lets generic admin/serializer classes be subscripted at run time, as the type hints do.
 django_stubs_ext.monkeypatch()
@@ -172,16 +172,36 @@ if GPUSHARE_LOG_FORMAT == "json":
 
 # --- Redis: the fair queue, live state, Celery's broker ---------------------------------
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Under Redis Sentinel (host:port, comma-separated) the sentinels say where the primary of
+# the service GPUSHARE_REDIS_SENTINEL_MASTER is; REDIS_URL then gives only the database,
+# credentials and TLS options (plumbing/redis.py). Empty: REDIS_URL's host is the Redis.
+GPUSHARE_REDIS_SENTINELS = env_list("GPUSHARE_REDIS_SENTINELS", [])
+GPUSHARE_REDIS_SENTINEL_MASTER = env_str("GPUSHARE_REDIS_SENTINEL_MASTER", "mymaster")
+GPUSHARE_REDIS_SENTINEL_PASSWORD = env_str("GPUSHARE_REDIS_SENTINEL_PASSWORD", "")
+# The fair queue's writes wait for this many replicas to acknowledge them (WAIT) before the
+# platform acts on them: a write a promoted replica lacks then ran nothing and lost no
+# answer (docs/decisions/0013-fence-the-fair-queue-with-wait.md). 0: no wait.
+GPUSHARE_REDIS_REPLICAS_ACK = env_int("GPUSHARE_REDIS_REPLICAS_ACK", 0)
+GPUSHARE_REDIS_REPLICAS_ACK_TIMEOUT_MS = env_int("GPUSHARE_REDIS_REPLICAS_ACK_TIMEOUT_MS", 1000)
 
 # --- Celery ---------------------------------------------------------------------------
 # Fairness is decided by our own queue in Redis; Celery only carries "run the next job of
 # pool P" to a worker. So: no prefetch (a prefetched message would be run out of order),
 # acks late and re-delivered if the worker dies, JSON only.
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+# Under Sentinel, kombu's sentinel transport, on the same sentinels, database and password.
+CELERY_BROKER_URL = env_str(
+    "CELERY_BROKER_URL",
+    sentinel_broker_url(REDIS_URL, GPUSHARE_REDIS_SENTINELS)
+    if GPUSHARE_REDIS_SENTINELS
+    else REDIS_URL,
+)
 # A rediss:// broker verifies the server's certificate as redis-py does: kombu takes a
 # rediss:// URL without `ssl_*` options as one that verifies nothing, so its options are
-# spelled out (the URL's own, over redis-py's default of requiring the certificate).
-CELERY_BROKER_USE_SSL = ssl_options(CELERY_BROKER_URL)
+# spelled out (the URL's own, over redis-py's default of requiring the certificate). A
+# sentinel:// broker's primary takes REDIS_URL's.
+CELERY_BROKER_USE_SSL = ssl_options(
+    REDIS_URL if CELERY_BROKER_URL.startswith("sentinel://") else CELERY_BROKER_URL
+)
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -191,7 +211,7 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
     # Well above the longest job, or Redis re-delivers a job that is still running.
     "visibility_timeout": env_int("CELERY_VISIBILITY_TIMEOUT_S", 6 * 3600),
     # How long a worker's BRPOP for messages waits before it is sent again (kombu's default:
@@ -199,6 +219,12 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # for nothing every second (docs/decisions/0007-periodic-work-on-each-workers-ticker.md).
     "polling_interval": env_float("CELERY_BROKER_POLLING_INTERVAL_S", 5.0),
 }
+if CELERY_BROKER_URL.startswith("sentinel://"):
+    CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = GPUSHARE_REDIS_SENTINEL_MASTER
+    if GPUSHARE_REDIS_SENTINEL_PASSWORD:
+        CELERY_BROKER_TRANSPORT_OPTIONS["sentinel_kwargs"] = {
+            "password": GPUSHARE_REDIS_SENTINEL_PASSWORD
+        }
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TIMEZONE = TIME_ZONE
 # Beat keeps its schedule in memory: it sends only the telemetry rollup (every few minutes;

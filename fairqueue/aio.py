@@ -7,11 +7,25 @@ stay on `FairQueue`.
 
 Beyond `FairQueue`, calls made for many jobs at once are one round trip for all of them:
 `renew_leases`, `job_states` and `publish_many` (a dispatcher holds hundreds of runs).
+
+Under fencing (`FairQueue.fence`, see fairqueue/queue.py) a script call that replicas did
+not acknowledge raises NotReplicated, and what it decided is not acted on:
+- an enqueue: the job is cancelled (best effort) and the error raised: its waiter answers
+  503, and a job the new primary may still hold does not run for nobody;
+- a pick (alone or with a release): the picked job is never run; it goes back to its queue as
+  its attempt (a no-op where the pick was lost), or, where that fails too, its lease ends
+  and the reaper returns it;
+- a release (alone or with a pick): it is sent again, to the primary the sentinels name then,
+  until acknowledged or `settle_retry_s` has passed. Again is harmless: a release names its
+  attempt and is a no-op once applied (lua/lib.lua release_job); its last words are told
+  again, and the ledger keeps one row per request id and the waiter takes the first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +44,9 @@ from fairqueue.queue import (
     release_pick_answer,
 )
 from plumbing.aio_redis import AsyncRedis
+from plumbing.sentinel import NO_FENCE, Fence, NotReplicated, refused_for_replicas
+
+log = logging.getLogger(__name__)
 
 
 class AsyncFairQueue:
@@ -46,16 +63,55 @@ class AsyncFairQueue:
         return self.queue.keys
 
     async def _run(self, name: str, *args: Any) -> Any:
-        return (await self._run_many(name, [args]))[0]
+        try:
+            return (await self._run_many(name, [args], fence=self.queue.fence_for(name)))[0]
+        except NotReplicated as short:  # the answer of the one call
+            raise NotReplicated(short.answer[0], short.acked, short.wanted) from None
 
-    async def _run_many(self, name: str, calls: Sequence[Sequence[Any]]) -> list[Any]:
-        """One function call per argument list, in one round trip."""
+    async def _settle(self, name: str, *args: Any) -> Any:
+        """A release's call (`release`), sent again while the fence is on and it was not
+        acknowledged (NotReplicated, Redis away: the primary is found anew for each new
+        connection, or refused by a primary short of replicas: `min-replicas-to-write`),
+        until `settle_retry_s` has passed. Returns whether it was applied at any try."""
+        if not self.queue.fence:
+            return await self._run(name, *args)
+        gives_up, pause, released = time.monotonic() + self.config.settle_retry_s, 0.1, False
+        while True:
+            try:
+                answer = await self._run(name, *args)
+                return bool(answer) or released
+            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
+                if isinstance(exc, redis.ResponseError) and not refused_for_replicas(exc):
+                    raise
+                if isinstance(exc, NotReplicated):
+                    released = released or bool(exc.answer)
+                if time.monotonic() + pause > gives_up:
+                    raise
+                log.warning("job %s: release not acknowledged (%s); sending it again", args[0], exc)
+                await asyncio.sleep(pause)
+                pause = min(2 * pause, 1.0)
+
+    async def _give_back(self, job: Job) -> None:
+        """A job whose pick was not acknowledged, never run: back to its queue as its
+        attempt; where that fails too, its lease ends and the reaper returns it."""
+        try:
+            await self.requeue(job, "not_replicated")
+        except NotReplicated:
+            pass  # given back on the primary; where a promotion loses that, the reaper's turn
+        except redis.RedisError as exc:
+            log.warning("job %s: its pick was not acknowledged nor given back: %s", job.job_id, exc)
+
+    async def _run_many(
+        self, name: str, calls: Sequence[Sequence[Any]], *, fence: Fence = NO_FENCE
+    ) -> list[Any]:
+        """One function call per argument list, in one round trip (with the `fence`'s WAIT
+        behind them)."""
         if not calls:
             return []
         function, head = library.function_name(name), self.queue.script_head()
         commands = [("FCALL", function, 0, *head, *args) for args in calls]
         try:
-            return await self.redis.pipeline(commands)
+            return await self.redis.pipeline(commands, fence=fence)
         except redis.exceptions.ResponseError as error:
             if not library.is_missing(error):
                 raise
@@ -66,14 +122,20 @@ class AsyncFairQueue:
         except redis.exceptions.ResponseError as error:
             if not library.is_loaded_already(error):
                 raise
-        return await self.redis.pipeline(commands)
+        return await self.redis.pipeline(commands, fence=fence)
 
     # --- the web ------------------------------------------------------------------------
 
     async def enqueue_summoning(self, **fields: Any) -> tuple[Job, bool]:
         """`FairQueue.enqueue_summoning`, from an event loop."""
         args = self.queue.enqueue_args(summon=True, **fields)
-        return self.queue.enqueue_answer(await self._run("enqueue", *args), args)
+        try:
+            answer = await self._run("enqueue", *args)
+        except NotReplicated:
+            with contextlib.suppress(redis.RedisError):
+                await self.cancel(args[0], "not_replicated")
+            raise
+        return self.queue.enqueue_answer(answer, args)
 
     async def cancel(self, job_id: str, reason: str = "cancelled") -> str:
         return _text(await self._run("cancel", job_id, reason))
@@ -87,6 +149,10 @@ class AsyncFairQueue:
         """The report of a whole answer that a web left in the job's hash ('' = none)."""
         return _text(await self.redis.call("HGET", self.keys.job(job_id), "answered") or b"")
 
+    async def job_exists(self, job_id: str) -> bool:
+        """Whether Redis holds the job (a failover can lose one that was not fenced)."""
+        return bool(await self.redis.call("EXISTS", self.keys.job(job_id)))
+
     async def get_job(self, job_id: str) -> Job | None:
         flat = await self.redis.call("HGETALL", self.keys.job(job_id))
         fields = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
@@ -95,7 +161,12 @@ class AsyncFairQueue:
     # --- the dispatcher ------------------------------------------------------------------
 
     async def pick(self, pool: str, *, loop: DispatchLoop | None = None) -> Job | None:
-        answer = await self._run("pick", *self.queue.pick_args(pool, "", loop))
+        try:
+            answer = await self._run("pick", *self.queue.pick_args(pool, "", loop))
+        except NotReplicated as short:
+            if (job := pick_answer(short.answer, loop)) is not None:
+                await self._give_back(job)
+            raise
         return pick_answer(answer, loop)
 
     async def release(
@@ -107,7 +178,7 @@ class AsyncFairQueue:
         last_words: LastWords | None = None,
     ) -> bool:
         args = release_args(job.job_id, prompt_tokens, completion_tokens, job.attempt, last_words)
-        return bool(await self._run("release", *args))
+        return bool(await self._settle("release", *args))
 
     async def release_and_pick(
         self,
@@ -122,7 +193,21 @@ class AsyncFairQueue:
         args = self.queue.release_pick_args(
             job, prompt_tokens, completion_tokens, pool, "", None, last_words, same_engine=True
         )
-        return release_pick_answer(await self._run("release_pick", *args), None)
+        try:
+            return release_pick_answer(await self._run("release_pick", *args), None)
+        except NotReplicated as short:
+            released, picked = release_pick_answer(short.answer, None)
+            if picked is not None:
+                await self._give_back(picked)
+        except (redis.ConnectionError, redis.TimeoutError):
+            if not self.queue.fence:
+                raise
+            released = False  # it may have run: a job it picked is the reaper's
+        released = (
+            await self.release(job, prompt_tokens, completion_tokens, last_words=last_words)
+            or released
+        )
+        return released, None
 
     async def requeue(self, job: Job, reason: str) -> bool:
         return bool(

@@ -139,6 +139,12 @@ class FairQueueConfig:
     loop_idle_s: float = 5.0
     # A summoned loop that has not started within this long no longer stops the next summons.
     loop_summon_s: int = 5
+    # The replicas that acknowledge a state-changing script's writes (WAIT) before its answer
+    # is acted on, and how long WAIT waits for them; 0: none (`queue.FENCED_SCRIPTS`).
+    replicas_ack: int = 0
+    replicas_ack_timeout_ms: int = 1000
+    # How long a release that was not acknowledged is tried again (`aio.AsyncFairQueue`).
+    settle_retry_s: float = 60.0
 
     def __post_init__(self) -> None:
         for name in REQUEST_CLASSES:
@@ -177,6 +183,10 @@ def config_from_settings(settings: Any) -> FairQueueConfig:
         lease_s=float(getattr(settings, "GPUSHARE_SCHED_LEASE_S", 120.0)),
         keep_s=int(getattr(settings, "GPUSHARE_SCHED_KEEP_S", 600)),
         prefix=str(getattr(settings, "GPUSHARE_SCHED_KEY_PREFIX", "gs:fq:")),
+        replicas_ack=int(getattr(settings, "GPUSHARE_REDIS_REPLICAS_ACK", 0)),
+        replicas_ack_timeout_ms=int(
+            getattr(settings, "GPUSHARE_REDIS_REPLICAS_ACK_TIMEOUT_MS", 1000)
+        ),
     )
 
 

@@ -45,6 +45,14 @@ worker appends its run's through `publish` (chunks, ``done``, ``error``, each wi
 it would cost the waiter a round trip per request to learn what the run's first words say.
 The waiting view reads them in order with `wait_event` (BLPOP), so nothing is lost between
 subscribe and publish as it could be with pub/sub.
+
+Fencing (`FairQueueConfig.replicas_ack` > 0, under Redis Sentinel): the scripts that decide
+who runs what and what a waiter or the ledger hears (`FENCED_SCRIPTS`) are followed by
+`WAIT replicas timeout_ms` on the same connection, in the same round trip where the client
+allows (`plumbing/sentinel.py` Fence). A call that fewer replicas acknowledged raises
+NotReplicated (a redis ConnectionError) with the script's answer: a promoted replica may
+lack the write, so its answer is not acted on as it stands (`aio.py` says what the worker
+and the web do instead; docs/decisions/0013-fence-the-fair-queue-with-wait.md).
 """
 
 import json
@@ -76,12 +84,19 @@ from fairqueue.reservations import EngineReservation, engine_reservation
 from fairqueue.seats import EngineSeats, engine_seats
 from plumbing import wire
 from plumbing.raw_redis import RawRedis
+from plumbing.sentinel import NO_FENCE, Fence
 from protocol.classes import REQUEST_CLASSES
 
 # An idle loop's wait is cut in slices this long at most (and at most half its registration).
 WAIT_SLICE_S = 2.0
 # A seat controller's state in its engine's hash, per class (lua/lib.lua `observe_ttft`).
 CONTROLLER_FIELDS = ("below", "cut", "sampled")
+# The functions whose writes a caller acts on (a job queued, picked and run, released with
+# its answer and its ledger row, given back, cancelled, a granted stream's report): under
+# fencing their answer stands only once replicas acknowledged them.
+FENCED_SCRIPTS = frozenset(
+    {"enqueue", "pick", "release", "release_pick", "requeue", "cancel", "answer"}
+)
 
 
 def _text(value: Any) -> str:
@@ -146,6 +161,7 @@ class FairQueue:
         # The script calls, loops' waits and events go over lean connections of their own
         # where the client's kind of connection allows (raw_redis.py beside this file).
         self._raw = RawRedis.like(client)
+        self.fence = Fence(self.config.replicas_ack, self.config.replicas_ack_timeout_ms)
 
     # --- policies (written by the platform from its database) ----------------------------
 
@@ -263,20 +279,36 @@ class FairQueue:
             if not library.is_loaded_already(error):
                 raise
 
+    def fence_for(self, name: str) -> Fence:
+        """What a call of script `name` waits for behind it (see the module's docstring)."""
+        return self.fence if name in FENCED_SCRIPTS else NO_FENCE
+
     def _run(self, name: str, *args: Any, now: float | None = None) -> Any:
         call = ("FCALL", library.function_name(name), 0, *self.script_head(now), *args)
+        fence = self.fence_for(name)
         try:
-            return self._call(call)
+            return self._call(call, fence)
         except redis.exceptions.ResponseError as error:
             if not library.is_missing(error):
                 raise
         self.load_library()  # Redis ran nothing: it did not know the function
-        return self._call(call)
+        return self._call(call, fence)
 
-    def _call(self, command: tuple[Any, ...]) -> Any:
+    def _call(self, command: tuple[Any, ...], fence: Fence = NO_FENCE) -> Any:
         if self._raw is None:
+            if fence:
+                return self._fenced(command, fence)
             return self.redis.execute_command(*command)
-        return self._raw.call(*command)
+        return self._raw.call(*command, fence=fence)
+
+    def _fenced(self, command: tuple[Any, ...], fence: Fence) -> Any:
+        """A call and its fence's WAIT in one redis-py pipeline: one connection, so the WAIT
+        counts the replicas that have the call's writes."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.execute_command(*command)
+        pipe.execute_command(*fence.command())
+        answer, acked = pipe.execute()
+        return fence.check(answer, acked)
 
     def enqueue(
         self,

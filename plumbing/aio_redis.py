@@ -17,6 +17,12 @@ it. A command is never sent twice, except BLPOP on a kept connection that Redis 
 (nothing was popped through it). A connection that was interrupted mid-call (its caller
 cancelled, a timeout, a broken reply) is closed, never reused: its reply would answer the
 next caller.
+
+Under Redis Sentinel (`sentinels`) each new connection goes to the primary the sentinels
+name then (`plumbing/sentinel.py`), as redis-py's do; a `READONLY` reply (a primary demoted
+to a replica) closes its connection and is raised as redis-py raises it, a ConnectionError,
+and the command is not sent again. `call(..., fence=...)` sends `WAIT` behind the command in
+the same write: a write fewer replicas acknowledged than asked is raised as NotReplicated.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ import hiredis
 import redis
 from redis._parsers.base import BaseParser
 from redis.asyncio.connection import RedisSSLContext, SSLConnection, parse_url
+
+from plumbing.sentinel import NO_FENCE, Fence, Sentinels, demoted
 
 Arg = str | bytes | int | float
 
@@ -170,31 +178,65 @@ class AsyncRedis:
     per event loop. `read_timeout_s` is how long a reply may take past what the command
     itself blocks for: it only catches a connection that died silently."""
 
-    def __init__(self, url: str, *, max_connections: int, read_timeout_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_connections: int,
+        read_timeout_s: float,
+        sentinels: Sentinels | None = None,
+    ) -> None:
         self._address = _Address.from_url(url)
+        # When set, they say where the primary is: the URL gives the rest (db, auth, TLS).
+        self.sentinels = sentinels
         self._tls: ssl.SSLContext | None = None  # built at the first TLS connection
         self._read_timeout_s = read_timeout_s
         self._free: list[_Connection] = []
         self._slots = asyncio.Semaphore(max_connections)
         self.max_connections = max_connections
 
-    async def call(self, *args: Arg, block_s: float = 0.0) -> Any:
-        """One command's reply; `block_s` is how long the command itself may block."""
-        return (await self.pipeline([args], block_s=block_s))[0]
+    async def call(self, *args: Arg, block_s: float = 0.0, fence: Fence = NO_FENCE) -> Any:
+        """One command's reply; `block_s` is how long the command itself may block. With a
+        `fence`, its WAIT follows the command in the same write, and a reply it did not see
+        replicated raises NotReplicated."""
+        if not fence:
+            return (await self.pipeline([args], block_s=block_s))[0]
+        commands = [args, fence.command()]
+        answer, acked = await self.pipeline(commands, block_s=block_s + fence.block_s)
+        return fence.check(answer, acked)
 
     async def pipeline(
-        self, commands: Sequence[Sequence[Arg]], *, block_s: float = 0.0
+        self, commands: Sequence[Sequence[Arg]], *, block_s: float = 0.0, fence: Fence = NO_FENCE
     ) -> list[Any]:
         """The replies of `commands`, sent in one write and read in order. An error reply is
-        raised once all replies are read (the first one, as redis-py's class)."""
+        raised once all replies are read (the first one, as redis-py's class). With a
+        `fence`, its WAIT follows them in the same write, and replies it did not see
+        replicated raise NotReplicated (its answer: the replies)."""
+        if fence:
+            *replies, acked = await self.pipeline(
+                [*commands, fence.command()], block_s=block_s + fence.block_s
+            )
+            return list(fence.check(replies, acked))
         data = b"".join(pack_command(*command) for command in commands)
         async with self._slots:
             connection = self._kept() or await self._connect()
             replies = await connection.call(data, len(commands), block_s + self._read_timeout_s)
-            if connection.usable:
-                self._free.append(connection)
+            self._keep(connection, replies)
         _raise_errors(replies)
         return replies
+
+    def _keep(self, connection: _Connection, replies: list[Any]) -> None:
+        """The connection back to the pool, unless its replies say that its server is a
+        replica now (under Sentinel): then it is closed and that is a ConnectionError, as in
+        redis-py, and the next connection asks the sentinels."""
+        if self.sentinels is not None:
+            for reply in replies:
+                for part in reply if isinstance(reply, list) else (reply,):
+                    if isinstance(part, hiredis.ReplyError) and demoted(str(part)):
+                        connection.close()
+                        raise redis.ConnectionError("The previous master is now a slave")
+        if connection.usable:
+            self._free.append(connection)
 
     async def evalsha(self, sha: str, source: Arg, *args: Arg) -> Any:
         """EVALSHA of a script, loaded first if Redis does not know it (a restart, a flush:
@@ -228,8 +270,7 @@ class AsyncRedis:
     ) -> Any:
         connection = connection or await self._connect()
         (reply,) = await connection.call(command, 1, timeout_s + self._read_timeout_s)
-        if connection.usable:
-            self._free.append(connection)
+        self._keep(connection, [reply])
         return reply
 
     def _kept(self) -> _Connection | None:
@@ -242,12 +283,15 @@ class AsyncRedis:
 
     async def _connect(self) -> _Connection:
         address, loop = self._address, asyncio.get_running_loop()
+        host, port = address.host, address.port
+        if self.sentinels is not None:
+            host, port = await self.sentinels.master_async()
         try:
             if address.path:
                 _, connection = await loop.create_unix_connection(_Connection, address.path)
             else:
                 _, connection = await loop.create_connection(
-                    _Connection, address.host, address.port, ssl=await self._tls_context()
+                    _Connection, host, port, ssl=await self._tls_context()
                 )
         except OSError as exc:
             raise redis.ConnectionError(f"cannot connect to Redis: {exc}") from exc

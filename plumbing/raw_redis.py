@@ -19,6 +19,14 @@ What keeps it as safe as redis-py:
   those inside a transaction's EXEC too, and a pipeline reads every reply before it raises,
   so the connection stays in step.
 - TLS and unix sockets are left to redis-py (`RawRedis.like` returns None for them).
+- Under Redis Sentinel (a client of redis-py's `Sentinel.master_for`) each new connection
+  goes to the primary the sentinels name then (`plumbing/sentinel.py`), as redis-py's
+  connections do; a `READONLY` reply (a primary demoted to a replica) closes the connection
+  and is raised as redis-py raises it, a ConnectionError: the command did not run there,
+  and the next call asks the sentinels again. The command is not sent again.
+- `call(..., fence=...)` sends `WAIT` behind the command in the same write
+  (`plumbing.sentinel.Fence`): a write fewer replicas acknowledged than asked is raised
+  as NotReplicated, with the primary's answer.
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ from typing import Any
 import hiredis
 import redis
 from redis._parsers.base import BaseParser
+from redis.sentinel import SentinelManagedConnection
+
+from plumbing.sentinel import NO_FENCE, Fence, Sentinels, demoted, sentinels_of
 
 Arg = str | bytes | int | float
 
@@ -68,8 +79,10 @@ class RawRedis:
         socket_timeout_s: float | None = None,
         connect_timeout_s: float | None = None,
         decode_responses: bool = False,
+        sentinels: Sentinels | None = None,
     ) -> None:
         self.host, self.port, self.db = host, port, db
+        self.sentinels = sentinels  # when set, they say where the primary is (host, port)
         self.username, self.password = username, password
         self.socket_timeout_s, self.connect_timeout_s = socket_timeout_s, connect_timeout_s
         self.decode_responses = decode_responses
@@ -80,7 +93,10 @@ class RawRedis:
         """One that talks to the same Redis as `client`, with its settings; None where
         `client` does what this does not (TLS, a unix socket, another connection class)."""
         pool = client.connection_pool
-        if pool.connection_class is not redis.Connection:
+        sentinels = sentinels_of(client)
+        if pool.connection_class is not (
+            redis.Connection if sentinels is None else SentinelManagedConnection
+        ):
             return None
         kw = pool.connection_kwargs
         defaults = redis.Connection.__init__.__kwdefaults__ or {}
@@ -95,14 +111,19 @@ class RawRedis:
                 "socket_connect_timeout", defaults.get("socket_connect_timeout")
             ),
             decode_responses=bool(kw.get("decode_responses", False)),
+            sentinels=sentinels,
         )
 
     # --- calls ------------------------------------------------------------------------------
 
-    def call(self, *args: Arg, block_s: float = 0.0) -> Any:
+    def call(self, *args: Arg, block_s: float = 0.0, fence: Fence = NO_FENCE) -> Any:
         """One command's reply; `block_s` is how long the command itself may block (BLPOP's
-        timeout), added to the socket timeout."""
-        return self.pipeline([args], block_s=block_s)[0]
+        timeout), added to the socket timeout. With a `fence`, its WAIT follows the command
+        in the same write, and a reply it did not see replicated raises NotReplicated."""
+        if not fence:
+            return self.pipeline([args], block_s=block_s)[0]
+        answer, acked = self.pipeline([args, fence.command()], block_s=block_s + fence.block_s)
+        return fence.check(answer, acked)
 
     def pipeline(self, commands: Sequence[Sequence[Arg]], *, block_s: float = 0.0) -> list[Any]:
         """The replies of `commands`, sent in one write and read in order. An error reply is
@@ -118,8 +139,16 @@ class RawRedis:
             # EXEC answers a list that holds each queued command's error, as redis-py raises.
             for part in reply if isinstance(reply, list) else (reply,):
                 if isinstance(part, hiredis.ReplyError):
+                    self._demoted(connection, str(part))
                     raise BaseParser.parse_error(str(part))
         return replies
+
+    def _demoted(self, connection: _Connection, error: str) -> None:
+        """Under Sentinel, an error that says the primary was demoted closes the connection and
+        is a ConnectionError, as in redis-py: the next connection asks the sentinels."""
+        if self.sentinels is not None and demoted(error):
+            self._drop(connection)
+            raise redis.ConnectionError("The previous master is now a slave")
 
     def _timeout(self, block_s: float) -> float | None:
         return None if self.socket_timeout_s is None else self.socket_timeout_s + block_s
@@ -177,6 +206,8 @@ class RawRedis:
             self._local.connection = None
 
     def _connect(self) -> _Connection:
+        if self.sentinels is not None:
+            self.host, self.port = self.sentinels.master()
         try:
             sock = socket.create_connection((self.host, self.port), self.connect_timeout_s)
         except OSError as exc:

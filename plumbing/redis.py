@@ -1,21 +1,76 @@
-"""One Redis connection pool per process, from REDIS_URL."""
+"""One Redis connection pool per process, from REDIS_URL, and under Redis Sentinel from the
+sentinels (`GPUSHARE_REDIS_SENTINELS`) that say where its primary is.
+
+Under Sentinel, REDIS_URL still gives the database, the user, the password and the TLS
+options; its host and port are not used. redis-py's clients come from
+`redis.sentinel.Sentinel(...).master_for(...)`, and the hand-written ones
+(`plumbing/raw_redis.py`, `plumbing/aio_redis.py`) ask the same sentinels
+(`plumbing/sentinel.py`)."""
 
 from functools import cache
 from typing import Any
+from urllib.parse import quote
 
 import redis
 from django.conf import settings
-from redis.connection import parse_url
+from redis.connection import SSLConnection, parse_url
+from redis.sentinel import Sentinel
+
+from plumbing.sentinel import Sentinels, parse_sentinels
+
+
+def sentinels() -> Sentinels | None:
+    """The sentinels of the settings; None without Sentinel. A new object each time: each
+    client keeps its own order of them (the one that answered first)."""
+    addresses = parse_sentinels(settings.GPUSHARE_REDIS_SENTINELS)
+    if not addresses:
+        return None
+    return Sentinels(
+        addresses=list(addresses),
+        service=settings.GPUSHARE_REDIS_SENTINEL_MASTER,
+        password=settings.GPUSHARE_REDIS_SENTINEL_PASSWORD,
+    )
+
+
+def new_client(url: str, **options: Any) -> redis.Redis:
+    """A redis-py client of the Redis at `url` (`options` as `Redis.from_url` takes them);
+    under Sentinel, of the primary its sentinels name, with the URL's database, user,
+    password and TLS options."""
+    found = sentinels()
+    if found is None:
+        return redis.Redis.from_url(url, **options)
+    kwargs: dict[str, Any] = {**parse_url(url), **options}
+    for name in ("host", "port", "path"):
+        kwargs.pop(name, None)
+    if kwargs.pop("connection_class", None) is SSLConnection:
+        kwargs["ssl"] = True
+    sentinel_kwargs: dict[str, Any] = {k: v for k, v in options.items() if k.startswith("socket_")}
+    if found.password:
+        sentinel_kwargs["password"] = found.password
+    sentinel = Sentinel(found.addresses, sentinel_kwargs=sentinel_kwargs, **kwargs)
+    return sentinel.master_for(found.service, redis_class=redis.Redis)
+
+
+def close_client(client: redis.Redis) -> None:
+    """Closes a client of `new_client`, and under Sentinel its connections to the sentinels."""
+    client.close()
+    manager = getattr(client.connection_pool, "sentinel_manager", None)
+    if manager is not None:
+        manager.close()
 
 
 @cache
-def _client_for(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+def _client_for(url: str, sentinel_key: tuple[Any, ...]) -> redis.Redis:
+    return new_client(url, decode_responses=True, health_check_interval=30)
 
 
 def redis_client() -> redis.Redis:
-    # Keyed by URL so tests that override REDIS_URL get their own client.
-    return _client_for(settings.REDIS_URL)
+    # Keyed by URL and sentinels so tests that override the settings get their own client.
+    key = (
+        tuple(settings.GPUSHARE_REDIS_SENTINELS),
+        settings.GPUSHARE_REDIS_SENTINEL_MASTER,
+    )
+    return _client_for(settings.REDIS_URL, key)
 
 
 def ssl_options(url: str) -> dict[str, Any] | None:
@@ -32,3 +87,17 @@ def ssl_options(url: str) -> dict[str, Any] | None:
     options: dict[str, Any] = {"ssl_cert_reqs": "required"}
     options.update((k, v) for k, v in kwargs.items() if k.startswith("ssl_"))
     return options
+
+
+def sentinel_broker_url(url: str, addresses: list[str]) -> str:
+    """Celery's broker URL for kombu's sentinel transport: each sentinel as
+    `sentinel://[user:password@]host:port/db`, separated by `;`, with REDIS_URL's database
+    and credentials (kombu takes them from the first). The service's name goes in the
+    transport option `master_name`."""
+    kwargs = parse_url(url)
+    user, password = kwargs.get("username") or "", kwargs.get("password") or ""
+    auth = f"{quote(user, safe='')}:{quote(password, safe='')}@" if user or password else ""
+    db = int(kwargs.get("db") or 0)
+    return ";".join(
+        f"sentinel://{auth}{host}:{port}/{db}" for host, port in parse_sentinels(addresses)
+    )

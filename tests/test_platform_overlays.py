@@ -26,7 +26,7 @@ from config.health import READINESS_CHECKS
 
 K8S = Path(__file__).resolve().parent.parent / "platform" / "k8s"
 SCRIPTS = K8S.parent.parent / "scripts"
-OVERLAYS = ["development", "production"]
+OVERLAYS = ["development", "production", "sentinel"]
 # The oldest Kubernetes the manifests are meant for, and the newest the schemas know.
 KUBERNETES_VERSIONS = ["1.29", kubernetes_validate.latest_version()]
 PODS = {"Deployment", "DaemonSet", "StatefulSet", "Job"}
@@ -313,6 +313,55 @@ def test_development_redis_answers_only_with_the_password_every_platform_pod_car
         if doc["metadata"]["labels"].get("app.kubernetes.io/name") == "gpushare":
             for c in spec["containers"]:
                 assert {"secretRef": {"name": "gpushare"}} in c["envFrom"], doc["metadata"]
+
+
+def test_sentinel_runs_a_primary_a_replica_and_three_sentinels_the_platform_asks():
+    """platform/k8s/sentinel: development's Redis under Redis Sentinel. The platform's pods
+    ask the sentinels for the primary of the service they watch, and fence the fair queue
+    on the replica; the primary refuses writes no replica has (min-replicas-to-write)."""
+    redis = one("sentinel", "StatefulSet", "redis")["spec"]
+    sentinels = one("sentinel", "StatefulSet", "redis-sentinel")["spec"]
+    assert (redis["replicas"], sentinels["replicas"]) == (2, 3)
+    for spec in (redis, sentinels):  # each pod has a name of its own the others resolve
+        service = one("sentinel", "Service", spec["serviceName"])["spec"]
+        assert service["clusterIP"] == "None"
+        assert selects({"matchLabels": service["selector"]}, spec["template"]["metadata"]["labels"])
+    (server,) = redis["template"]["spec"]["containers"]
+    script = server["command"][-1]
+    # Development's Redis options hold under Sentinel too (its command is replaced here).
+    development = one("development", "StatefulSet", "redis")["spec"]["template"]["spec"]
+    options = [arg for arg in development["containers"][0]["command"] if arg.startswith("--")]
+    assert [option for option in options if option not in script] == []
+    for option in ("--appendonly yes", "--appendfsync everysec", '--requirepass "$REDIS_PASSWORD"',
+                   '--masterauth "$REDIS_PASSWORD"', "--min-replicas-to-write 1"):  # fmt: skip
+        assert option in script
+    (sentinel,) = sentinels["template"]["spec"]["containers"]
+    conf = sentinel["command"][-1]
+    monitor = re.search(r"sentinel monitor (\S+) \S+ 6379 (\d+)", conf)
+    assert monitor is not None
+    assert monitor[2] == "2"  # a quorum of two of the three
+    assert "sentinel auth-pass" in conf
+    config = one("sentinel", "ConfigMap", "gpushare")["data"]
+    assert config["GPUSHARE_REDIS_SENTINEL_MASTER"] == monitor[1]
+    assert f"get-master-addr-by-name {monitor[1]}" in script
+    assert config["GPUSHARE_REDIS_REPLICAS_ACK"] == "1"
+    pods = config["GPUSHARE_REDIS_SENTINELS"].split(",")
+    assert pods == [f"redis-sentinel-{i}.{sentinels['serviceName']}:26379" for i in range(3)]
+    port = sentinel["ports"][0]["containerPort"]
+    assert port == 26379
+    # The platform's pods reach the sentinels, and the Redis pods and sentinels each other.
+    for name, port in (("redis", 6379), ("redis-sentinel", 26379)):
+        policy = one("sentinel", "NetworkPolicy", name)["spec"]
+        admitted = {
+            doc["metadata"]["name"]
+            for doc in render("sentinel")
+            if doc["kind"] in PODS
+            for rule in policy["ingress"]
+            for peer in rule["from"]
+            if selects(peer["podSelector"], doc["spec"]["template"]["metadata"]["labels"])
+        }
+        assert admitted == {"web", "beat", "gpu-node", "engine-agent", "redis", "redis-sentinel"}
+        assert [r["ports"] for r in policy["ingress"]] == [[{"port": port, "protocol": "TCP"}]]
 
 
 def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:

@@ -56,6 +56,7 @@ from fairqueue.queue import FairQueue, LastWords
 from plumbing import request_ids, wire
 from plumbing.aio_redis import Arg, AsyncRedis
 from plumbing.change_marks import cache_by_marks
+from plumbing.redis import sentinels
 from plumbing.ttlcache import TtlCache
 from scheduler import worker_tasks
 from scheduler.batches.feeder import batch_line_finished
@@ -156,6 +157,7 @@ class Dispatcher:
         queue = self._make_queue()
         client = AsyncRedis(
             settings.REDIS_URL,
+            sentinels=sentinels(),
             max_connections=REDIS_CONNECTIONS,
             read_timeout_s=REDIS_READ_TIMEOUT_S,
         )

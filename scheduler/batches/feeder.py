@@ -590,12 +590,18 @@ def batch_line_finished(
             "batch line %s of job %s: result not written", request.get("custom_id"), job_id
         )
         return False
+    if not written:
+        # A line finished already keeps its result; a line not yet committed by the feed that
+        # queued it (a run that ended before that feed did) is not seen: its answer stays in
+        # the job's events, and the feeder writes it from there after the grace period
+        # rather than running the line again.
+        return False
     try:
         fair_queue().forget_events(job_id)  # stored in the database now; nobody reads them
         _feed_soon(int(request["batch_pk"]))
     except Exception:  # the ticker's next feed tops the window up instead
         log.exception("batch %s: feeding after line %s failed", request["batch_pk"], job_id)
-    return bool(written)
+    return True
 
 
 def _answer_fields(

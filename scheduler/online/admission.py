@@ -39,6 +39,7 @@ from plumbing import request_ids, wire
 from plumbing.aio_redis import AsyncRedis
 from plumbing.change_marks import cache_by_marks
 from plumbing.errors import DomainError, Forbidden, NotFound
+from plumbing.redis import sentinels
 from plumbing.ttlcache import TtlCache
 from protocol.inference import (
     GENERATION_ENDPOINTS,
@@ -262,6 +263,7 @@ def _loop_state() -> _LoopState:
         # for the commands in flight (admissions' scripts, cancels, the inbox's read).
         client = AsyncRedis(
             settings.REDIS_URL,
+            sentinels=sentinels(),
             max_connections=settings.GPUSHARE_WEB_REDIS_CONNECTIONS,
             read_timeout_s=EVENTS_READ_TIMEOUT_S,
         )
@@ -797,11 +799,16 @@ async def _check_still_coming(
     queue deadline the job is held to (a job requeued after its engine failed was given a
     fresh one, which its record in the queue has: the wait that was over was not its fault),
     and whether the job runs: one past its deadline that the queue says runs has not spoken
-    yet (an answer that is not streamed speaks once, at its end)."""
+    yet (an answer that is not streamed speaks once, at its end). A job Redis no longer holds
+    (a failover lost it) will say nothing more: that is a 503."""
     job_id, queue = admitted.job.job_id, _loop_state().queue
     now = time.time()
+    if silent_s >= EVENTS_WAIT_S and not await queue.job_exists(job_id):
+        raise _lost()
     if not running and now > deadline + 1.0:
         job = await queue.get_job(job_id)
+        if job is None:
+            raise _lost()
         if job is not None and job.state == JobState.RUNNING:
             return deadline, True
         if job is not None and job.state == JobState.QUEUED:
@@ -814,6 +821,10 @@ async def _check_still_coming(
         await queue.cancel(job_id, reason="engine_silent")
         raise Unavailable("The engine stopped answering this request; please retry.")
     return deadline, running
+
+
+def _lost() -> Unavailable:
+    return Unavailable("The request was lost when Redis failed over; please retry.")
 
 
 def _queue_timeout(admitted: Admitted) -> QueueTimeout:

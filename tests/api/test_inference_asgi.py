@@ -366,6 +366,27 @@ def test_a_job_past_its_queue_deadline_that_runs_is_followed_as_running(redis_db
     assert online._wait_s(past, True, time.time()) == online.EVENTS_WAIT_S
 
 
+def test_a_waiter_whose_job_redis_lost_ends_with_a_503_not_a_hang(redis_db):
+    """A failover can lose a job's record (a write the promoted replica lacked): nothing will
+    come for it, so a waiter that hears nothing for a wait finds it gone and answers 503."""
+    import time
+
+    admitted = waiting_request("j11")
+    gone = replace(waiting_request("j12"), job=replace(admitted.job, job_id="j12"))
+    redis_db.delete("gs:fq:job:j12")
+
+    def still_coming(which: online.Admitted, running: bool, deadline: float, silent_s: float):
+        return asyncio.run(online._check_still_coming(which, running, deadline, silent_s))
+
+    assert still_coming(admitted, True, 9e9, online.EVENTS_WAIT_S) == (9e9, True)
+    assert still_coming(gone, False, 9e9, 1.0) == (9e9, False)  # not asked every second
+    for running, silent_s in [(True, online.EVENTS_WAIT_S), (False, online.EVENTS_WAIT_S)]:
+        with pytest.raises(online.Unavailable, match="lost when Redis failed over"):
+            still_coming(gone, running, 9e9, silent_s)
+    with pytest.raises(online.Unavailable, match="lost"):  # past its deadline: at once
+        still_coming(gone, False, time.time() - 60, 0.0)
+
+
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "1e999", str(2**64), str(-(2**63) - 1)])
 def test_a_number_no_engine_takes_is_400(number, auth):
     # Python's json reads these; passed on, NaN would have reached the engine as null

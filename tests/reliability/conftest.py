@@ -48,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
 # The engine-crash module first (its platform is gone before the shared one starts, so only
 # one engine runs at a time), the Redis restart last (it is the roughest on the platform).
 ORDER = ["test_engine_crash", "test_worker_kill", "test_quotas_under_load", "test_security",
-         "test_fuzzing", "test_redis_restart"]  # fmt: skip
+         "test_fuzzing", "test_redis_failover", "test_redis_restart"]  # fmt: skip
 
 
 @pytest.hookimpl(trylast=True)
@@ -113,7 +113,7 @@ class RedisServer:
 @dataclass
 class Stack:
     platform: Platform
-    redis: RedisServer
+    redis: Any  # a RedisServer, or the failover test's SentinelGroup (both start and stop)
     database: Database
     engine: str
 
@@ -127,15 +127,29 @@ class Stack:
         return FairQueue(client, config_from_settings(settings))
 
 
-def start_stack(workdir: Path, engine: str, *, max_num_seqs: int = 16) -> Stack:
+def start_stack(
+    workdir: Path,
+    engine: str,
+    *,
+    max_num_seqs: int = 16,
+    server: Any = None,
+    env: dict[str, str | None] | None = None,
+) -> Stack:
+    """A platform with one engine on `server` (started here; a RedisServer of its own by
+    default), with `env` over RELIABILITY_ENV (None: the variable unset)."""
     model_dir = Path(os.environ.get("GPUSHARE_DEMO_MODEL_DIR", "var/models/tiny-llama"))
     if not (model_dir / "config.json").exists():
         pytest.fail(f"The tiny model is missing at {model_dir}: run `make test` first.")
-    server = RedisServer(workdir)
+    server = server or RedisServer(workdir)
     server.start()
     database = Database(os.environ.get("DATABASE_URL", ""), workdir)
     platform = Platform(workdir, database_url=database.url, redis_url=server.url())
     platform.env.update(RELIABILITY_ENV)
+    for name, value in (env or {}).items():
+        if value is None:
+            platform.env.pop(name, None)
+        else:
+            platform.env[name] = value
     stack = Stack(platform, server, database, engine)
     try:
         platform.start()

@@ -19,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from capacity.units import UNIT_BYTES, format_units
 from fairqueue import FairQueue, FairQueueConfig, config_from_settings
 from fairqueue.simulate import SimTenant, simulate
+from plumbing.redis import new_client
 
 
 def _units(nbytes: int) -> str:
@@ -40,7 +41,7 @@ class Command(BaseCommand):
         sim.add_argument("--seats", type=int, default=8, help="the engine's max_num_seqs")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True)
+        client = new_client(settings.REDIS_URL, decode_responses=True)
         action = options["action"]
         if action == "simulate":
             self._simulate(client, options["weights"], options["ticks"], options["seats"])

@@ -375,6 +375,32 @@ def test_an_answer_the_database_missed_is_taken_from_the_job_s_events_not_run_ag
     assert waiting_jobs(queue) == 0
 
 
+def test_a_run_that_ends_before_the_feed_that_queued_it_commits_is_not_run_again(
+    files_dir, queue, owner_key, settings
+):
+    """A fast run can end while the feed that queued its line has yet to commit (the line's
+    row is not seen yet): its answer stays in the job's events, and the feeder writes it from
+    there after the grace period instead of feeding the line again (and billing it twice)."""
+    settings.GPUSHARE_BATCH_LOST_GRACE_S = 0
+    created = start_batch(bearer_client(owner_key), chat_jsonl(1))
+    process(created["id"])
+    job = queue.pick(MODEL, MODEL)
+    request = json.loads(job.payload)
+    lines = BatchLine.objects.filter(batch__public_id=created["id"])
+    lines.update(custom_id="not-committed-yet")  # the run's update finds no such line
+    answer = answer_for(request)
+    queue.publish(job.job_id, {"event": "done", "body": answer, "attempt": job.attempt})
+    finish(queue, job, RunResult(outcome="success", response_body=answer))
+    lines.update(custom_id=request["custom_id"])  # the feed commits
+
+    process(created["id"])  # sees the job ended and starts the grace period
+    process(created["id"])
+    line = BatchLine.objects.get(batch__public_id=created["id"])
+    assert (line.state, line.runs) == (LineState.SUCCEEDED, 1)
+    assert line.response["request_id"] == job.job_id
+    assert waiting_jobs(queue) == 0
+
+
 def test_an_answer_with_a_nul_character_is_stored_and_delivered_as_the_model_wrote_it(
     files_dir, queue, owner_key
 ):
