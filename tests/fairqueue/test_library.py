@@ -12,7 +12,7 @@ import redis
 
 from fairqueue import FairQueue, FairQueueConfig, library
 from fairqueue.aio import AsyncFairQueue
-from fairqueue.domain import EnginePolicy, TenantPolicy
+from fairqueue.domain import EnginePolicy, Job, TenantPolicy
 from plumbing.aio_redis import AsyncRedis
 from tests.fairqueue.conftest import FAIRQUEUE_REDIS_URL
 
@@ -29,11 +29,16 @@ def pairs(flat: list[Any]) -> dict[str, Any]:
     return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
-def lifecycle(queue: FairQueue) -> None:
-    job = queue.enqueue(
+def enqueue(queue: FairQueue) -> Job:
+    return queue.enqueue(
         tenant="t", pool="p", request_class="standard", prompt_tokens=1, max_tokens=1,
         kv_bytes=1024,
     )  # fmt: skip
+
+
+def lifecycle(queue: FairQueue) -> None:
+    """A job's whole life, over whichever client the queue uses (the raw one by default)."""
+    job = enqueue(queue)
     picked = queue.pick("p")
     assert picked is not None
     assert picked.job_id == job.job_id
@@ -77,10 +82,7 @@ def test_a_redis_that_lost_the_library_gets_it_again(fq_redis: redis.Redis, lean
 
 def test_the_event_loops_client_loads_it_too(fq: FairQueue, fq_redis: redis.Redis) -> None:
     setup(fq)
-    job = fq.enqueue(
-        tenant="t", pool="p", request_class="standard", prompt_tokens=1, max_tokens=1,
-        kv_bytes=1024,
-    )  # fmt: skip
+    job = enqueue(fq)
     picked = fq.pick("p")
     assert picked is not None
 

@@ -151,27 +151,6 @@ def test_a_reply_late_past_the_timeout_is_a_timeout_and_the_connection_is_droppe
     assert raw.call("BLPOP", "never", 0.3, block_s=0.3) is None  # its block is allowed for
 
 
-def test_the_fair_queue_loads_its_library_again_after_redis_lost_it(
-    redis_db: redis.Redis,
-) -> None:
-    queue = FairQueue(redis_db, FairQueueConfig(prefix="gs:raw:"))
-    assert queue._raw is not None  # the lean client carries the scripts here
-    queue.set_engine_policy(
-        EnginePolicy(engine_id="e", pool="p", kv_budget_bytes=GIB, max_num_seqs=4)
-    )
-    queue.set_tenant_policy("t", TenantPolicy(weight=1, quota_bytes=GIB))
-    redis_db.function_flush()
-    job = queue.enqueue(
-        tenant="t", pool="p", request_class="standard", prompt_tokens=1, max_tokens=1,
-        kv_bytes=1024,
-    )  # fmt: skip
-    picked = queue.pick("p")
-    assert picked is not None
-    assert picked.job_id == job.job_id
-    assert queue.release(job.job_id, 1, 1, attempt=picked.attempt)
-    assert queue.check().problems == []
-
-
 @pytest.mark.parametrize("lean", [True, False], ids=["RawRedis", "redis-py"])
 def test_the_fair_queue_runs_a_job_over_either_client(redis_db: redis.Redis, lean: bool) -> None:
     """redis-py carries the queue where the lean client cannot (TLS, unix sockets)."""

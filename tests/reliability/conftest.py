@@ -12,9 +12,6 @@ run beside the end-to-end suite's.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +21,7 @@ import pytest
 import redis
 
 from tests.support.harness import Database, Platform, free_port
+from tests.support.redis_sentinel import RedisNode
 
 MODEL = "tiny-llama"
 HERE = Path(__file__).parent
@@ -65,49 +63,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[position] = item
 
 
-class RedisServer:
+class RedisServer(RedisNode):
     """A private redis-server with AOF persistence in a temporary folder."""
 
     def __init__(self, workdir: Path) -> None:
-        self.dir = workdir / "redis"
-        self.dir.mkdir(exist_ok=True)
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
+        super().__init__(workdir, "redis")
 
     def url(self, db: int = 0) -> str:
         return f"redis://127.0.0.1:{self.port}/{db}"
 
-    def start(self) -> None:
-        log = open(self.dir / "redis.log", "ab")  # noqa: SIM115 - lives with the process
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--dir", str(self.dir), "--appendonly", "yes", "--appendfsync", "everysec",
-             "--save", "", "--protected-mode", "no"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    def start(self, *args: str) -> None:
+        """SIGKILLed later (`kill`), it keeps what the AOF holds: no shutdown save."""
+        super().start(
+            "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+            "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+            "--protected-mode", "no", *args,
         )  # fmt: skip
-        client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if client.ping():
-                    return
-            except (redis.ConnectionError, redis.BusyLoadingError):
-                time.sleep(0.1)
-        raise AssertionError(f"redis-server on {self.port} did not answer")
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown save; what survives is what the AOF holds."""
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 @dataclass
