@@ -340,6 +340,12 @@ async def _sse(
         async for event in online.follow(admitted, client_gone):
             kind = event["event"]
             if kind == "chunk":  # as the engine wrote it (see scheduler.engines.calls.client_data)
+                seq = event.get("seq")  # a relayed chunk's place (fairqueue.inbox.chunk_entry)
+                if seq is not None and seq <= sent_chunks:
+                    continue  # handed over again (a Redis failover): the client has it
+                if seq is not None and seq != sent_chunks + 1:
+                    yield framing.error(_lost_chunks(admitted, cancel=True))
+                    break
                 sent_chunks += 1
                 yield framing.chunk + event["raw"] + b"\n\n"
             elif kind == "requeued" and sent_chunks:
@@ -351,6 +357,8 @@ async def _sse(
                 yield framing.error(_event_error(admitted, event))
                 break
             elif kind == "done":
+                if event.get("chunks", sent_chunks) != sent_chunks:  # its last ones were lost
+                    yield framing.error(_lost_chunks(admitted, cancel=False))
                 break
         finished = True
         if framing.end:
@@ -371,6 +379,15 @@ async def _sse(
     finally:
         if not finished:
             online.cancel(admitted, "client_gone")
+
+
+def _lost_chunks(admitted: online.Admitted, *, cancel: bool) -> dict[str, Any]:
+    """A relayed stream that lost chunks on their way (a Redis failover): it cannot go on as
+    if whole. `cancel`: the run is still going, and is stopped. The run writes its own
+    ledger row, as any run that ended or was cancelled does."""
+    if cancel:
+        online.cancel(admitted, "stream_broken")
+    return _stream_error("Part of the stream was lost on its way; please retry.")
 
 
 def _stream_error(message: str, code: str = "engine_unavailable") -> dict[str, Any]:

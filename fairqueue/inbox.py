@@ -8,8 +8,10 @@ process has one list (`Keys.inbox`), which the queue's scripts and the workers a
 jobs' events to (`lua/lib.lua` emit_raw, `workers/runner.Relay`), and one reader that takes
 whatever is there in one round trip and hands each event to its job's waiter in the process.
 
-An entry is `<job id> <event>`: the event is JSON, or for a streamed chunk `c<attempt> ` and
-the chunk's JSON as the engine sent it, passed on to the client unparsed.
+An entry is `<job id> <event>`: the event is JSON, or for a streamed chunk `c<attempt>.<seq> `
+and the chunk's JSON as the engine sent it, passed on to the client unparsed. The run's
+`done` event says how many chunks it sent (`chunks`), so a waiter that missed one, or got
+one twice, knows (a Redis failover can do either: the inbox is not fenced).
 
 Nothing is lost between a job's enqueue and its waiter's first read: the waiter is
 registered before the job is queued, and entries wait in the list until read. Entries for a
@@ -37,9 +39,14 @@ READ_COUNT = 1024
 WAIT_S = 5
 
 
-def chunk_entry(job_id: str, attempt: int, data: bytes) -> bytes:
-    """An inbox entry for a streamed chunk: the engine's JSON, passed on unparsed."""
-    return b"%s c%d %s" % (job_id.encode(), attempt, data)
+def chunk_entry(job_id: str, attempt: int, data: bytes, seq: int | None = None) -> bytes:
+    """An inbox entry for a streamed chunk: the engine's JSON, passed on unparsed. `seq`: the
+    chunk's place in its run's stream (1, 2, ...), by which the waiter tells apart a chunk
+    that a Redis failover lost or handed over twice (the inbox is not fenced); None: not
+    numbered."""
+    if seq is None:
+        return b"%s c%d %s" % (job_id.encode(), attempt, data)
+    return b"%s c%d.%d %s" % (job_id.encode(), attempt, seq, data)
 
 
 def event_entry(job_id: str, event: str | bytes) -> bytes:
@@ -49,10 +56,15 @@ def event_entry(job_id: str, event: str | bytes) -> bytes:
 
 def parse_event(raw: bytes) -> dict[str, Any]:
     """An entry's event, without its job id: a dict; a chunk's is
-    {"event": "chunk", "attempt": n, "raw": the chunk's JSON bytes}."""
+    {"event": "chunk", "attempt": n, "raw": the chunk's JSON bytes}, with "seq" where it
+    is numbered."""
     if raw[:1] == b"c":
-        attempt, _, data = raw[1:].partition(b" ")
-        return {"event": "chunk", "attempt": int(attempt), "raw": data}
+        head, _, data = raw[1:].partition(b" ")
+        attempt, _, seq = head.partition(b".")
+        chunk: dict[str, Any] = {"event": "chunk", "attempt": int(attempt), "raw": data}
+        if seq:
+            chunk["seq"] = int(seq)
+        return chunk
     event: dict[str, Any] = wire.loads(raw)
     return event
 

@@ -95,6 +95,7 @@ class Run:
         self.job = job
         self.request: dict[str, Any] = wire.loads(job.payload)
         self.inbox: str = self.request.get("inbox") or ""  # its waiter's (none: a batch line)
+        self.chunks = 0  # the chunks relayed to its waiter so far, numbered from 1
         # Why it stopped: "lost" (no longer ours), "worker_stopping", "waiter_gone" (its
         # granted web went silent) or "client_gone" (its granted web's client left).
         self.stopped: str = ""
@@ -141,7 +142,8 @@ class Relay:
         """A streamed chunk: `data` (its JSON as the client gets it) to the inbox, unparsed."""
         job = run.job
         if run.inbox:
-            self._add(job, run.inbox, chunk_entry(job.job_id, job.attempt, data))
+            run.chunks += 1
+            self._add(job, run.inbox, chunk_entry(job.job_id, job.attempt, data, run.chunks))
         else:
             self.publish(run, {"event": "chunk", "data": chunk})
 
@@ -425,7 +427,7 @@ async def _relay_chunks(
         # An engine whose core died can still end the stream with [DONE] (seen when the
         # engine was killed mid-stream): without a finish reason, the answer is cut short.
         raise EngineUnavailable("the engine's stream ended without a finish reason")
-    result.done_event = {"event": "done", "usage": _usage(result), "attempt": run.job.attempt}
+    result.done_event = _stream_done(run, result)
 
 
 async def _relay_events(
@@ -452,7 +454,15 @@ async def _relay_events(
     if not reading.ended:
         raise EngineUnavailable("the engine's stream ended before its last event")
     result.prompt_tokens, result.completion_tokens = reading.counts
-    result.done_event = {"event": "done", "usage": _usage(result), "attempt": run.job.attempt}
+    result.done_event = _stream_done(run, result)
+
+
+def _stream_done(run: Run, result: RunResult) -> dict[str, Any]:
+    """A relayed stream's last word, with the chunks its waiter should have had."""
+    done = {"event": "done", "usage": _usage(result), "attempt": run.job.attempt}
+    if run.inbox:
+        done["chunks"] = run.chunks
+    return done
 
 
 def _count_usage(result: RunResult, usage: dict[str, Any] | None) -> None:

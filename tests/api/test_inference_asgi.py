@@ -845,3 +845,54 @@ def test_the_ingress_takes_no_body_larger_than_the_web_s_largest_limit(settings)
         for method, path in (("POST", "/v1/files"), ("POST", CHAT), ("POST", "/admin/login/"))
     )
     assert largest <= allowed < largest + 1024**2
+
+
+def relayed(job_id: str, entries: list[tuple[int | None, dict | None]]) -> list[bytes]:
+    """Streams job `job_id` to its client from inbox entries: (seq, None) a numbered chunk,
+    (None, event) an event; returns what the client got."""
+    from api import inference as openai_api
+    from fairqueue.inbox import chunk_entry, event_entry
+    from scheduler.pools.policies import fair_queue
+
+    admitted = queued_job(job_id)
+    queue = fair_queue()
+    inbox = queue.keys.inbox(TEST_INBOX)  # the web's, which its loop reads
+    for seq, event in entries:
+        if event is None:
+            entry = chunk_entry(job_id, 1, b'{"seq": %d}' % seq, seq)
+        else:
+            entry = event_entry(job_id, json.dumps({**event, "attempt": 1}))
+        queue.redis.rpush(inbox, entry)
+
+    async def follow() -> list[bytes]:
+        chunks = [chunk async for chunk in openai_api._sse(admitted, asyncio.Event())]
+        await online.background_done()
+        return chunks
+
+    return asyncio.run(follow())
+
+
+def test_a_relayed_chunk_handed_over_twice_reaches_the_client_once(redis_db):
+    done = {"event": "done", "usage": {}, "chunks": 3}
+    got = relayed("j11", [(1, None), (2, None), (2, None), (3, None), (None, done)])
+    assert got[:3] == [b'data: {"seq": %d}\n\n' % seq for seq in (1, 2, 3)]
+    assert got[3:] == [b"data: [DONE]\n\n"]
+
+
+def test_a_stream_that_lost_a_relayed_chunk_ends_with_an_error_and_stops_its_run(redis_db):
+    from scheduler.pools.policies import fair_queue
+
+    got = relayed("j12", [(1, None), (3, None)])
+    assert got[0] == b'data: {"seq": 1}\n\n'
+    assert b"Part of the stream was lost" in got[1]
+    assert got[2:] == [b"data: [DONE]\n\n"]
+    job = fair_queue().get_job("j12")
+    assert job is not None
+    assert job.state == "cancelled"
+
+
+def test_a_stream_whose_last_relayed_chunks_were_lost_ends_with_an_error(redis_db):
+    done = {"event": "done", "usage": {}, "chunks": 3}
+    got = relayed("j13", [(1, None), (2, None), (None, done)])
+    assert len(got) == 4  # two chunks, the error, [DONE]
+    assert b"Part of the stream was lost" in got[2]

@@ -52,3 +52,10 @@ def test_a_client_that_did_not_ask_for_usage_gets_none():
     assert client_data(b"{}", usage_only, include_usage=True) == b"{}"
     both = {"choices": [{"index": 0}], "usage": {"prompt_tokens": 1}}
     assert client_data(b"{}", both, include_usage=False) == b'{"choices":[{"index":0}]}'
+
+
+def test_a_numbered_chunk_keeps_its_place_through_the_inbox_entry():
+    entry = chunk_entry("a", 2, b'{"choices":[]}', 17)
+    job_id, _, raw = entry.partition(b" ")
+    assert job_id == b"a"
+    assert parse_event(raw) == {"event": "chunk", "attempt": 2, "seq": 17, "raw": b'{"choices":[]}'}
