@@ -859,6 +859,7 @@ def relayed(job_id: str, entries: list[tuple[int | None, dict | None]]) -> list[
     inbox = queue.keys.inbox(TEST_INBOX)  # the web's, which its loop reads
     for seq, event in entries:
         if event is None:
+            assert seq is not None
             entry = chunk_entry(job_id, 1, b'{"seq": %d}' % seq, seq)
         else:
             entry = event_entry(job_id, json.dumps({**event, "attempt": 1}))
