@@ -380,6 +380,9 @@ class Dispatcher:
         return self._room
 
 
+_REDIS_PAUSE_S, _REDIS_PAUSE_MAX_S = 0.1, 2.0  # a picker's waits after a failed pick
+
+
 class _Picker:
     """Picks a pool's jobs while the queue admits them; waits for a wake-up when it does
     not; ends after `GPUSHARE_DISPATCH_IDLE_S` without one."""
@@ -401,21 +404,35 @@ class _Picker:
     async def _run(self) -> None:
         dispatcher, queue = self.dispatcher, self.dispatcher.queue
         idle_s = float(settings.GPUSHARE_DISPATCH_IDLE_S)
+        pause = _REDIS_PAUSE_S
         try:
             while not dispatcher.stopping.is_set():
                 await dispatcher.room.wait()
                 if dispatcher.stopping.is_set():
                     break
-                job = await queue.pick(self.pool, loop=self.loop)
-                if job is not None:
-                    if self.loop.summon_next:  # more work waits and no picker is idle
-                        self.loop.summon_next = False
-                        dispatcher.summon(self.pool)
-                    dispatcher._spawn(dispatcher.chain(job, self.pool))
+                try:
+                    job = await queue.pick(self.pool, loop=self.loop)
+                    if job is None:  # nothing may run now: the pick registered it idle
+                        if not await queue.wait_for_work(
+                            self.pool, self.loop, idle_s, dispatcher.stopping
+                        ):
+                            return
+                        continue
+                except redis.RedisError as exc:
+                    # Redis away, failing over, or short of replicas (a pick it did not
+                    # acknowledge was given back): the pool's work waits in Redis, and this
+                    # picker tries again rather than leave the pool without one.
+                    log.warning("pool %s: pick failed (%s); trying again in %.1fs",
+                                self.pool, exc, pause)  # fmt: skip
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(dispatcher.stopping.wait(), pause)
+                    pause = min(2 * pause, _REDIS_PAUSE_MAX_S)
                     continue
-                # Nothing may run now: the pick registered this picker as idle.
-                if not await queue.wait_for_work(self.pool, self.loop, idle_s, dispatcher.stopping):
-                    return
+                pause = _REDIS_PAUSE_S
+                if self.loop.summon_next:  # more work waits and no picker is idle
+                    self.loop.summon_next = False
+                    dispatcher.summon(self.pool)
+                dispatcher._spawn(dispatcher.chain(job, self.pool))
         finally:
             with contextlib.suppress(Exception):
                 if await queue.stop_waiting(self.pool, self.loop):

@@ -13,8 +13,10 @@ import threading
 import time
 
 import pytest
+import redis
 
 from fairqueue import EnginePolicy, FairQueue, Job, TenantPolicy
+from fairqueue.aio import AsyncFairQueue
 from scheduler.pools.policies import fair_queue
 from telemetry.rejections import unreserved_prompt_tokens
 from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
@@ -209,3 +211,28 @@ def test_a_summons_starts_the_picker_once_and_nudges_it_after(queue, engine, dis
     dispatcher.ensure(POOL)
 
     assert wait_until(lambda: sorted(engine.ran) == sorted(ids))
+
+
+def test_a_picker_whose_pick_fails_tries_again_and_runs_the_work(
+    queue, engine, dispatcher, summons, monkeypatch, caplog
+):
+    """A pick that Redis fails (away, failing over, short of replicas) neither kills the
+    pool's picker nor leaves its work waiting for the next summons."""
+    real_pick = AsyncFairQueue.pick
+    failures: list[str] = []
+
+    async def failing_twice(self, pool, *, loop=None):
+        if len(failures) < 2:
+            failures.append(pool)
+            raise redis.ConnectionError("Redis is failing over")
+        return await real_pick(self, pool, loop=loop)
+
+    monkeypatch.setattr(AsyncFairQueue, "pick", failing_twice)
+    engine.open.set()
+    ids = enqueue(queue, 3)
+    dispatcher.ensure(POOL)
+
+    assert wait_until(lambda: sorted(engine.ran) == sorted(ids))
+    assert failures == [POOL, POOL]
+    assert "pick failed (Redis is failing over)" in caplog.text
+    assert "dispatcher task failed" not in caplog.text
