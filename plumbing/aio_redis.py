@@ -28,6 +28,7 @@ the same write: a write fewer replicas acknowledged than asked is raised as NotR
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -163,7 +164,7 @@ def _time_out(reply: asyncio.Future[Any], timeout_s: float) -> None:
         reply.set_exception(redis.TimeoutError(f"no reply from Redis within {timeout_s:g} s"))
 
 
-def _raise_errors(replies: list[Any]) -> None:
+def raise_errors(replies: list[Any]) -> None:
     """The first error reply among `replies` (those inside a transaction's EXEC too), raised
     as redis-py's class, once every reply was read (the connection stays in step)."""
     for reply in replies:
@@ -217,13 +218,31 @@ class AsyncRedis:
                 [*commands, fence.command()], block_s=block_s + fence.block_s
             )
             return list(fence.check(replies, acked))
+        replies = await self.replies(commands, block_s=block_s)
+        raise_errors(replies)
+        return replies
+
+    async def replies(
+        self, commands: Sequence[Sequence[Arg]], *, block_s: float = 0.0
+    ) -> list[Any]:
+        """The replies of `commands` as they came, error replies among them (hiredis's
+        ReplyError), for a caller that acts on them (a cluster's redirects)."""
         data = b"".join(pack_command(*command) for command in commands)
         async with self._slots:
             connection = self._kept() or await self._connect()
             replies = await connection.call(data, len(commands), block_s + self._read_timeout_s)
             self._keep(connection, replies)
-        _raise_errors(replies)
         return replies
+
+    def at(self, host: str, port: int) -> AsyncRedis:
+        """A client of the server at `host`:`port` with this one's options (user, password,
+        TLS, timeouts, pool size): a cluster's other nodes."""
+        other = AsyncRedis.__new__(AsyncRedis)
+        other.__dict__.update(self.__dict__)
+        other._address = dataclasses.replace(self._address, host=host, port=port, path="")
+        other.sentinels, other._free = None, []
+        other._slots = asyncio.Semaphore(self.max_connections)
+        return other
 
     def _keep(self, connection: _Connection, replies: list[Any]) -> None:
         """The connection back to the pool, unless its replies say that its server is a
@@ -262,7 +281,7 @@ class AsyncRedis:
                 # dropped idle clients): nothing was popped through it, so ask again, once,
                 # on a new one.
                 reply = await self._blocking(None, command, timeout_s)
-        _raise_errors([reply])
+        raise_errors([reply])
         return None if reply is None else (reply[0], reply[1])
 
     async def _blocking(
@@ -303,7 +322,7 @@ class AsyncRedis:
             setup.append(pack_command("SELECT", str(address.db)))
         try:
             if setup:
-                _raise_errors(
+                raise_errors(
                     await connection.call(b"".join(setup), len(setup), self._read_timeout_s)
                 )
         except BaseException:  # refused (a wrong password): never used unauthenticated

@@ -18,7 +18,8 @@ What keeps it as safe as redis-py:
 - Error replies are redis-py's own exception classes (NoScriptError, ResponseError, ...),
   those inside a transaction's EXEC too, and a pipeline reads every reply before it raises,
   so the connection stays in step.
-- TLS and unix sockets are left to redis-py (`RawRedis.like` returns None for them).
+- TLS, unix sockets and Redis Cluster are left to redis-py (`RawRedis.like` returns None
+  for them).
 - Under Redis Sentinel (a client of redis-py's `Sentinel.master_for`) each new connection
   goes to the primary the sentinels name then (`plumbing/sentinel.py`), as redis-py's
   connections do; a `READONLY` reply (a primary demoted to a replica) closes the connection
@@ -91,8 +92,11 @@ class RawRedis:
     @classmethod
     def like(cls, client: redis.Redis) -> RawRedis | None:
         """One that talks to the same Redis as `client`, with its settings; None where
-        `client` does what this does not (TLS, a unix socket, another connection class)."""
-        pool = client.connection_pool
+        `client` does what this does not (TLS, a unix socket, another connection class, a
+        cluster: redis-py's RedisCluster routes each call itself)."""
+        pool = getattr(client, "connection_pool", None)
+        if pool is None:
+            return None
         sentinels = sentinels_of(client)
         if pool.connection_class is not (
             redis.Connection if sentinels is None else SentinelManagedConnection
