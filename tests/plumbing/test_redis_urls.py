@@ -28,6 +28,7 @@ import uvloop
 from plumbing.aio_redis import AsyncRedis
 from plumbing.raw_redis import RawRedis
 from plumbing.redis import ssl_options
+from tests.support.certificates import Certificates, make_certificates
 
 REPO = Path(__file__).resolve().parents[2]
 PASSWORD = "s3cr@t:pa/ss%"  # characters a URL must escape
@@ -43,56 +44,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def openssl(*args: str | Path) -> None:
-    subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)
-
-
-@dataclass(frozen=True)
-class Certificates:
-    ca: Path
-    stranger_ca: Path  # a CA that signed nothing the servers hold
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-
-
-def make_certificates(directory: Path) -> Certificates:
-    def key(name: str) -> Path:
-        path = directory / f"{name}.key"
-        openssl("genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256",
-                "-out", path)  # fmt: skip
-        return path
-
-    def authority(name: str) -> Path:
-        cert = directory / f"{name}.crt"
-        openssl("req", "-x509", "-new", "-key", key(name), "-out", cert, "-days", "2",
-                "-subj", f"/CN={name}")  # fmt: skip
-        return cert
-
-    def signed(name: str, extensions: str) -> Path:
-        cert, csr, ext = directory / f"{name}.crt", directory / f"{name}.csr", directory / name
-        ext.write_text(extensions)
-        openssl("req", "-new", "-key", key(name), "-out", csr, "-subj", f"/CN={name}")
-        openssl("x509", "-req", "-in", csr, "-CA", directory / "ca.crt", "-CAkey",
-                directory / "ca.key", "-CAcreateserial", "-out", cert, "-days", "2",
-                "-extfile", ext)  # fmt: skip
-        return cert
-
-    ca, stranger = authority("ca"), authority("stranger")
-    # The server's name is localhost only: 127.0.0.1 is another name.
-    server = signed("server", "subjectAltName=DNS:localhost\nextendedKeyUsage=serverAuth\n")
-    client = signed("client", "extendedKeyUsage=clientAuth\n")
-    return Certificates(
-        ca=ca,
-        stranger_ca=stranger,
-        server_cert=server,
-        server_key=directory / "server.key",
-        client_cert=client,
-        client_key=directory / "client.key",
-    )
 
 
 def start_redis(directory: Path, port: int, *args: str) -> subprocess.Popen[bytes]:
