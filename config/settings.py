@@ -16,7 +16,7 @@ from config.secret_key import secret_key
 from config.sqlite import sqlite_options
 from plumbing.env import env_bool, env_float, env_int, env_list, env_numbers, env_str
 from plumbing.json_logs import log_format
-from plumbing.redis import sentinel_broker_url, ssl_options
+from plumbing.redis import sentinel_broker_url, sentinel_tls, ssl_options
 
 # Lets generic admin/serializer classes be subscripted at run time, as the type hints do.
 django_stubs_ext.monkeypatch()
@@ -178,6 +178,8 @@ REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 GPUSHARE_REDIS_SENTINELS = env_list("GPUSHARE_REDIS_SENTINELS", [])
 GPUSHARE_REDIS_SENTINEL_MASTER = env_str("GPUSHARE_REDIS_SENTINEL_MASTER", "mymaster")
 GPUSHARE_REDIS_SENTINEL_PASSWORD = env_str("GPUSHARE_REDIS_SENTINEL_PASSWORD", "")
+# The sentinels are reached over TLS, with REDIS_URL's `ssl_*` options (plumbing/redis.py).
+GPUSHARE_REDIS_SENTINEL_TLS = env_bool("GPUSHARE_REDIS_SENTINEL_TLS", False)
 # The fair queue's writes wait for this many replicas to acknowledge them (WAIT) before the
 # platform acts on them: a write a promoted replica lacks then ran nothing and lost no
 # answer (docs/decisions/0013-fence-the-fair-queue-with-wait.md). 0: no wait.
@@ -221,10 +223,13 @@ CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, Any] = {
 }
 if CELERY_BROKER_URL.startswith("sentinel://"):
     CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = GPUSHARE_REDIS_SENTINEL_MASTER
+    _sentinel_kwargs: dict[str, Any] = {}
     if GPUSHARE_REDIS_SENTINEL_PASSWORD:
-        CELERY_BROKER_TRANSPORT_OPTIONS["sentinel_kwargs"] = {
-            "password": GPUSHARE_REDIS_SENTINEL_PASSWORD
-        }
+        _sentinel_kwargs["password"] = GPUSHARE_REDIS_SENTINEL_PASSWORD
+    if (_tls := sentinel_tls(REDIS_URL, GPUSHARE_REDIS_SENTINEL_TLS)) is not None:
+        _sentinel_kwargs.update(ssl=True, **_tls)
+    if _sentinel_kwargs:
+        CELERY_BROKER_TRANSPORT_OPTIONS["sentinel_kwargs"] = _sentinel_kwargs
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TIMEZONE = TIME_ZONE
 # Beat keeps its schedule in memory: it sends only the telemetry rollup (every few minutes;

@@ -29,7 +29,18 @@ def sentinels() -> Sentinels | None:
         addresses=list(addresses),
         service=settings.GPUSHARE_REDIS_SENTINEL_MASTER,
         password=settings.GPUSHARE_REDIS_SENTINEL_PASSWORD,
+        tls=sentinel_tls(settings.REDIS_URL, settings.GPUSHARE_REDIS_SENTINEL_TLS),
     )
+
+
+def sentinel_tls(url: str, enabled: bool) -> dict[str, Any] | None:
+    """The `ssl_*` options the sentinels are reached with (`GPUSHARE_REDIS_SENTINEL_TLS`):
+    REDIS_URL's own where it is a rediss:// URL (its CA, client certificate, checks), else
+    redis-py's defaults (the certificate required, its name checked, the system's CAs).
+    None: plain TCP."""
+    if not enabled:
+        return None
+    return ssl_options(url) or {"ssl_cert_reqs": "required"}
 
 
 def new_client(url: str, **options: Any) -> redis.Redis:
@@ -47,6 +58,8 @@ def new_client(url: str, **options: Any) -> redis.Redis:
     sentinel_kwargs: dict[str, Any] = {k: v for k, v in options.items() if k.startswith("socket_")}
     if found.password:
         sentinel_kwargs["password"] = found.password
+    if found.tls is not None:
+        sentinel_kwargs.update(ssl=True, **found.tls)
     sentinel = Sentinel(found.addresses, sentinel_kwargs=sentinel_kwargs, **kwargs)
     return sentinel.master_for(found.service, redis_class=redis.Redis)
 

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import hiredis
 import redis
+from redis.asyncio.connection import SSLConnection
 from redis.sentinel import DEMOTED_MASTER_UNBLOCKED_ERROR, MasterNotFoundError
 
 Address = tuple[str, int]
@@ -56,6 +58,20 @@ class Sentinels:
     password: str = ""
     username: str = ""
     timeout_s: float = 2.0
+    # TLS to the sentinels: redis-py's `ssl_*` options (as `Redis(ssl=True, ...)` takes
+    # them); None: plain TCP.
+    tls: dict[str, Any] | None = None
+    _context: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        """The TLS context, built once: redis-py's own from the options (the certificate
+        required and its name checked unless they say otherwise). Reads the certificate
+        files: called off any event loop."""
+        if self.tls is None:
+            return None
+        if self._context is None:
+            self._context = SSLConnection(**self.tls).ssl_context.get()
+        return self._context
 
     def _commands(self) -> list[tuple[str, ...]]:
         commands: list[tuple[str, ...]] = []
@@ -87,7 +103,7 @@ class Sentinels:
         errors: list[str] = []
         for index, address in enumerate(list(self.addresses)):
             try:
-                replies = _ask(address, self._commands(), self.timeout_s)
+                replies = _ask(address, self._commands(), self.timeout_s, self._tls_context())
             except OSError as exc:
                 errors.append(f"{address}: {exc!r}")
                 continue
@@ -99,10 +115,11 @@ class Sentinels:
     async def master_async(self) -> Address:
         """The primary's address, from an event loop."""
         errors: list[str] = []
+        context = await asyncio.to_thread(self._tls_context) if self.tls else None
         for index, address in enumerate(list(self.addresses)):
             try:
                 async with asyncio.timeout(self.timeout_s):
-                    replies = await _ask_async(address, self._commands())
+                    replies = await _ask_async(address, self._commands(), context)
             except (OSError, TimeoutError) as exc:
                 errors.append(f"{address}: {exc!r}")
                 continue
@@ -120,10 +137,16 @@ def _pack(commands: list[tuple[str, ...]]) -> bytes:
     return b"".join(hiredis.pack_command(command) for command in commands)  # type: ignore[arg-type]
 
 
-def _ask(address: Address, commands: list[tuple[str, ...]], timeout_s: float) -> list[Any]:
+def _ask(
+    address: Address,
+    commands: list[tuple[str, ...]],
+    timeout_s: float,
+    context: ssl.SSLContext | None = None,
+) -> list[Any]:
     reader = hiredis.Reader()
     replies: list[Any] = []
-    with socket.create_connection(address, timeout_s) as sock:
+    with socket.create_connection(address, timeout_s) as plain:
+        sock = context.wrap_socket(plain, server_hostname=address[0]) if context else plain
         sock.sendall(_pack(commands))
         while len(replies) < len(commands):
             reply = reader.gets()
@@ -137,8 +160,12 @@ def _ask(address: Address, commands: list[tuple[str, ...]], timeout_s: float) ->
     return replies
 
 
-async def _ask_async(address: Address, commands: list[tuple[str, ...]]) -> list[Any]:
-    reader, writer = await asyncio.open_connection(*address)
+async def _ask_async(
+    address: Address, commands: list[tuple[str, ...]], context: ssl.SSLContext | None = None
+) -> list[Any]:
+    reader, writer = await asyncio.open_connection(
+        *address, ssl=context, server_hostname=address[0] if context else None
+    )
     try:
         writer.write(_pack(commands))
         parser, replies = hiredis.Reader(), list[Any]()
@@ -182,12 +209,14 @@ def sentinels_of(client: redis.Redis) -> Sentinels | None:
         kw = sentinel.connection_pool.connection_kwargs
         addresses.append((str(kw.get("host", "localhost")), int(kw.get("port", 26379))))
     options = manager.sentinel_kwargs
+    tls = {k: v for k, v in options.items() if k.startswith("ssl_")} if options.get("ssl") else None
     return Sentinels(
         addresses=addresses,
         service=str(getattr(pool, "service_name", "")),
         password=options.get("password") or "",
         username=options.get("username") or "",
         timeout_s=float(options.get("socket_timeout") or 2.0),
+        tls=tls,
     )
 
 

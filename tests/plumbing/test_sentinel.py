@@ -24,12 +24,13 @@ from redis.sentinel import MasterNotFoundError, Sentinel
 from plumbing.aio_redis import AsyncRedis
 from plumbing.raw_redis import RawRedis
 from plumbing.sentinel import Fence, NotReplicated, Sentinels, parse_sentinels, sentinels_of
+from tests.support.certificates import Certificates, make_certificates
 from tests.support.harness import free_port
 from tests.support.redis_sentinel import MASTER, RedisNode, SentinelGroup
 
 
-def _started(workdir: Path) -> Iterator[SentinelGroup]:
-    started = SentinelGroup(workdir)
+def _started(workdir: Path, tls: Certificates | None = None) -> Iterator[SentinelGroup]:
+    started = SentinelGroup(workdir, tls=tls)
     try:
         started.start()
         yield started
@@ -41,6 +42,14 @@ def _started(workdir: Path) -> Iterator[SentinelGroup]:
 def group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelGroup]:
     """A group the tests leave as they found it (its sentinels take seconds to meet)."""
     yield from _started(tmp_path_factory.mktemp("sentinel"))
+
+
+@pytest.fixture(scope="module")
+def tls_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelGroup]:
+    """Sentinels that serve their clients over TLS (`localhost`'s certificate, from a CA of
+    the test)."""
+    workdir = tmp_path_factory.mktemp("sentinel-tls")
+    yield from _started(workdir, make_certificates(workdir))
 
 
 @pytest.fixture
@@ -299,5 +308,92 @@ def test_celery_s_broker_is_kombu_s_sentinel_transport(group: SentinelGroup) -> 
         assert primary.llen("sentinel-test") == 1  # on the primary, in REDIS_URL's database
         message = queue.get(timeout=5)
         assert message.payload == {"hello": "world"}
+        message.ack()
+        queue.close()
+
+
+def test_sentinels_over_tls_name_the_primary_redis_py_names(tls_group: SentinelGroup) -> None:
+    group, addresses = tls_group, tls_group.sentinel_addresses_by_name()
+    options = group.tls_options()
+    expected = group.sentinel().discover_master(MASTER)
+    assert expected == group.servers[0].address
+    ours = Sentinels(list(addresses), MASTER, timeout_s=2, tls=options)
+    assert ours.master() == expected
+    assert asyncio.run(ours.master_async()) == expected
+    # Plain TCP, or a certificate of another CA: neither client finds it.
+    assert group.tls is not None
+    stranger = {"ssl_ca_certs": str(group.tls.stranger_ca), "ssl_cert_reqs": "required"}
+    for tls in (None, stranger):
+        theirs_kwargs: dict[str, Any] = {"socket_timeout": 1}
+        if tls is not None:
+            theirs_kwargs.update(ssl=True, **tls)
+        with pytest.raises(MasterNotFoundError):
+            Sentinel(list(addresses), sentinel_kwargs=theirs_kwargs).discover_master(MASTER)
+        with pytest.raises(MasterNotFoundError):
+            Sentinels(list(addresses), MASTER, timeout_s=1, tls=tls).master()
+        with pytest.raises(MasterNotFoundError):
+            asyncio.run(Sentinels(list(addresses), MASTER, timeout_s=1, tls=tls).master_async())
+
+
+def test_every_client_reaches_the_primary_through_sentinels_over_tls(
+    tls_group: SentinelGroup,
+) -> None:
+    group = tls_group
+    model = group.sentinel().master_for(MASTER, db=4, decode_responses=True)
+    found = sentinels_of(model)
+    assert found is not None
+    assert found.tls == group.tls_options()
+    raw = RawRedis.like(model)
+    assert raw is not None
+    raw.call("SET", "over-tls", "raw")
+    assert model.get("over-tls") == "raw"
+    aio = AsyncRedis(group.url(4), max_connections=2, read_timeout_s=5, sentinels=found)
+
+    async def through_aio() -> Any:
+        await aio.call("SET", "over-tls", "aio")
+        try:
+            return await aio.call("GET", "over-tls")
+        finally:
+            aio.close()
+
+    assert asyncio.run(through_aio()) == b"aio"
+
+
+def test_the_settings_reach_the_sentinels_and_celerys_broker_over_tls(
+    tls_group: SentinelGroup, settings: Any
+) -> None:
+    from kombu import Connection
+
+    from plumbing.redis import new_client, sentinel_broker_url, sentinel_tls, sentinels
+
+    group = tls_group
+    assert group.tls is not None
+    ca = group.tls.ca
+    settings.GPUSHARE_REDIS_SENTINELS = [f"localhost:{n.port}" for n in group.sentinels]
+    settings.GPUSHARE_REDIS_SENTINEL_MASTER = MASTER
+    settings.GPUSHARE_REDIS_SENTINEL_TLS = True
+    # REDIS_URL's TLS options are the sentinels' too.
+    settings.REDIS_URL = f"rediss://localhost:1/6?ssl_ca_certs={ca}"
+    found = sentinels()
+    assert found is not None
+    assert found.tls == {"ssl_cert_reqs": "required", "ssl_ca_certs": str(ca)}
+    assert found.master() == group.servers[0].address
+    settings.GPUSHARE_REDIS_SENTINEL_TLS = False
+    assert sentinels().tls is None  # type: ignore[union-attr]
+    # A redis:// REDIS_URL: redis-py's defaults, which a certificate of the test's CA fails.
+    assert sentinel_tls("redis://x:1/0", True) == {"ssl_cert_reqs": "required"}
+    assert sentinel_tls("redis://x:1/0", False) is None
+    settings.GPUSHARE_REDIS_SENTINEL_TLS = True
+    settings.REDIS_URL = "redis://localhost:1/6"  # plain servers, sentinels over TLS
+    with pytest.raises(MasterNotFoundError):
+        new_client(settings.REDIS_URL, socket_timeout=1).ping()
+    # Celery's broker: kombu's sentinel transport with the sentinel_kwargs the settings make.
+    url = sentinel_broker_url("redis://127.0.0.1:1/7", settings.GPUSHARE_REDIS_SENTINELS)
+    options = {"master_name": MASTER, "sentinel_kwargs": {"ssl": True, **group.tls_options()}}
+    with Connection(url, transport_options=options) as connection:
+        queue = connection.SimpleQueue("sentinel-tls-test")
+        queue.put({"over": "tls"})
+        message = queue.get(timeout=5)
+        assert message.payload == {"over": "tls"}
         message.ack()
         queue.close()

@@ -21,6 +21,7 @@ from typing import Any
 import redis
 from redis.sentinel import MasterNotFoundError, Sentinel
 
+from tests.support.certificates import Certificates
 from tests.support.harness import free_port
 
 MASTER = "mymaster"
@@ -42,13 +43,15 @@ class RedisNode:
     def address(self) -> tuple[str, int]:
         return ("127.0.0.1", self.port)
 
-    def start(self, *args: str) -> None:
+    def start(self, *args: str, client: redis.Redis | None = None) -> None:
+        """Starts it and waits until it answers (`client`: how to reach it, when it serves
+        TLS)."""
         log = open(self.dir / "redis.log", "ab")  # noqa: SIM115 - lives with the process
         self.process = subprocess.Popen(
             ["redis-server", *args], cwd=self.dir, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
-        client = redis.Redis(port=self.port)
+        client = client or redis.Redis(port=self.port)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -76,8 +79,12 @@ class RedisNode:
 class SentinelGroup:
     """A primary, one replica and three sentinels watching them."""
 
-    def __init__(self, workdir: Path, *, min_replicas_to_write: int = 0) -> None:
+    def __init__(
+        self, workdir: Path, *, min_replicas_to_write: int = 0, tls: Certificates | None = None
+    ) -> None:
         self.servers = [RedisNode(workdir, "redis-a"), RedisNode(workdir, "redis-b")]
+        # With `tls`, clients reach the sentinels over TLS (the servers stay on plain TCP).
+        self.tls = tls
         # A primary without that many replicas in step refuses writes (NOREPLICAS).
         self.min_replicas_to_write = min_replicas_to_write
         self.sentinels = [RedisNode(workdir, f"sentinel-{i}") for i in range(3)]
@@ -106,15 +113,24 @@ class SentinelGroup:
         self.wait_replicated(primary)
         for sentinel in self.sentinels:
             config = sentinel.dir / "sentinel.conf"
+            listen = f"port {sentinel.port}\n"
+            if self.tls is not None:
+                # Clients on the TLS port; the sentinels meet each other (and the servers)
+                # on a plain one, as the servers serve plain TCP.
+                listen = (
+                    f"port {free_port()}\ntls-port {sentinel.port}\ntls-auth-clients no\n"
+                    f"tls-cert-file {self.tls.server_cert}\ntls-key-file {self.tls.server_key}\n"
+                    f"tls-ca-cert-file {self.tls.ca}\n"
+                )
             config.write_text(
-                f"port {sentinel.port}\nbind 127.0.0.1\nprotected-mode no\n"
+                f"{listen}bind 127.0.0.1\nprotected-mode no\n"
                 f"dir {sentinel.dir}\n"
                 f"sentinel monitor {MASTER} 127.0.0.1 {primary.port} 2\n"
                 f"sentinel down-after-milliseconds {MASTER} {DOWN_AFTER_MS}\n"
                 f"sentinel failover-timeout {MASTER} {FAILOVER_TIMEOUT_MS}\n"
                 f"sentinel parallel-syncs {MASTER} 1\n"
             )
-            sentinel.start(str(config), "--sentinel")
+            sentinel.start(str(config), "--sentinel", client=self.sentinel_client(sentinel))
         self.wait_until_watched()
 
     def wait_replicated(self, primary: RedisNode, timeout: float = 30) -> None:
@@ -133,16 +149,37 @@ class SentinelGroup:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             states: list[Any] = [
-                redis.Redis(port=s.port, decode_responses=True).sentinel_master(MASTER)
-                for s in self.sentinels
+                self.sentinel_client(s).sentinel_master(MASTER) for s in self.sentinels
             ]
             if all(s["num-other-sentinels"] == 2 and s["num-slaves"] >= 1 for s in states):
                 return
             time.sleep(0.2)
         raise AssertionError("the sentinels do not watch the primary and its replica")
 
+    def tls_options(self) -> dict[str, Any]:
+        """redis-py's `ssl_*` options that reach the sentinels (with `tls`)."""
+        assert self.tls is not None
+        return {"ssl_ca_certs": str(self.tls.ca), "ssl_cert_reqs": "required"}
+
+    def sentinel_addresses_by_name(self) -> list[tuple[str, int]]:
+        """The sentinels as `localhost`: the name their certificate holds."""
+        return [("localhost", node.port) for node in self.sentinels]
+
+    def sentinel_client(self, node: RedisNode) -> redis.Redis:
+        if self.tls is None:
+            return redis.Redis(port=node.port, decode_responses=True)
+        return redis.Redis(
+            host="localhost", port=node.port, decode_responses=True, ssl=True, **self.tls_options()
+        )
+
     def sentinel(self) -> Sentinel:
-        return Sentinel([node.address for node in self.sentinels], socket_timeout=1)
+        if self.tls is None:
+            return Sentinel([node.address for node in self.sentinels], socket_timeout=1)
+        return Sentinel(
+            self.sentinel_addresses_by_name(),
+            socket_timeout=1,
+            sentinel_kwargs={"socket_timeout": 1, "ssl": True, **self.tls_options()},
+        )
 
     def master(self) -> tuple[str, int]:
         """The primary as redis-py finds it."""
