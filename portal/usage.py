@@ -18,6 +18,7 @@ from tenants import reports
 from tenants.models import Membership, Tenant
 
 RANGES = {"7d": 7, "30d": 30}
+HEADINGS = {"day": "day", "model": "model", "api_key": "key", "end_user": "end user"}
 
 
 def usage_today(tenant: Tenant) -> dict[str, Any]:
@@ -31,18 +32,24 @@ def usage_today(tenant: Tenant) -> dict[str, Any]:
     return {"requests": row["requests"], "tokens": row["tokens"], "unit_hours": row["unit_hours"]}
 
 
-def _chart(days: list[dict[str, Any]], since: float, until: float) -> str:
-    def at(row: dict[str, Any]) -> float:
-        return datetime.fromisoformat(row["label"] + "T12:00:00+00:00").timestamp()
-
+def _chart(days: list[dict[str, Any]], since: datetime, until: datetime) -> str:
+    """Tokens and requests per day over the range, a day without requests at zero (a line
+    needs two points, and a gap is a day of nothing, not a missing figure)."""
+    by_day = {row["label"]: row for row in days}
+    points: list[tuple[float, dict[str, Any]]] = []
+    day = since
+    while day < until:
+        row = by_day.get(day.date().isoformat(), {"tokens": 0, "requests": 0})
+        points.append(((day + timedelta(hours=12)).timestamp(), row))
+        day += timedelta(days=1)
     return line_chart(
         [
-            Series("tokens per day", "#2f6fb0", [(at(r), r["tokens"]) for r in days]),
-            Series("requests per day", "#2f9e6e", [(at(r), r["requests"]) for r in days]),
+            Series("tokens per day", "#2f6fb0", [(x, r["tokens"]) for x, r in points]),
+            Series("requests per day", "#2f9e6e", [(x, r["requests"]) for x, r in points]),
         ],
         title="Tokens and requests per day",
-        since=since,
-        until=until,
+        since=since.timestamp(),
+        until=until.timestamp(),
     )
 
 
@@ -57,11 +64,12 @@ def usage(request: HttpRequest, membership: Membership) -> HttpResponse:
         by: reports.usage_breakdown(tenant=tenant, since=since, until=until, by=by)
         for by in reports.BREAKDOWNS
     }
+    sections = [(by, HEADINGS[by], rows) for by, rows in tables.items()]
     context = page_context(
         membership,
         "usage",
-        tables=tables,
-        chart=mark_safe(_chart(tables["day"], since.timestamp(), until.timestamp())),
+        sections=sections,
+        chart=mark_safe(_chart(tables["day"], since, until)),
         ranges=RANGES,
         range_key=range_key if range_key in RANGES else "7d",
         since=since,

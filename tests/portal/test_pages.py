@@ -116,6 +116,8 @@ def test_a_new_key_is_shown_once_with_its_limits_and_a_viewer_may_not_make_one(w
 
 def test_usage_shows_only_the_tenants_requests(world, alice):
     page = alice.get("/portal/t/acme/usage/").content.decode()
+    # A line a series over the week, the days without requests at zero.
+    assert '<polyline class="series" data-series="tokens per day"' in page
     assert "model-acme" in page
     assert "user-of-acme" in page
     assert "acme-ci" in page
