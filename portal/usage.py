@@ -40,7 +40,8 @@ def _chart(days: list[dict[str, Any]], since: datetime, until: datetime) -> str:
     day = since
     while day < until:
         row = by_day.get(day.date().isoformat(), {"tokens": 0, "requests": 0})
-        points.append(((day + timedelta(hours=12)).timestamp(), row))
+        end = min(day + timedelta(days=1), until)  # today ends now
+        points.append(((day.timestamp() + end.timestamp()) / 2, row))
         day += timedelta(days=1)
     return line_chart(
         [
