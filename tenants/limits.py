@@ -1,9 +1,11 @@
-"""Per-tenant request and token limits (rpm, tpm, token budget per period), kept in Redis.
+"""Per-tenant request and token limits (rpm, tpm, token budget per period), and a key's own
+rpm and tpm within them, kept in Redis.
 
 Checked when a request arrives, before it is queued, in one Lua script so two concurrent
-requests cannot both pass the last free slot. Minutes use a sliding-window estimate (the
-previous minute's count weighted by how much of it still overlaps the last 60 s), which
-smooths the burst a fixed window allows at each minute boundary.
+requests cannot both pass the last free slot, and a request passes its tenant's limits and
+its key's or counts in neither. Minutes use a sliding-window estimate (the previous minute's
+count weighted by how much of it still overlaps the last 60 s), which smooths the burst a
+fixed window allows at each minute boundary.
 
 Tokens are counted first as the request's estimate (prompt + max_tokens, the most it can use)
 and settled to the real count when it ends, so tpm and the budget are never under-counted
