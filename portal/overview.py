@@ -8,10 +8,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from capacity.units import bytes_to_units_exact, format_units
+from capacity.units import bytes_to_units_exact
 from portal.access import page_context, portal_page
+from scheduler.batches.selectors import batch_list
 from scheduler.batches.service import tokens_used_this_period
-from scheduler.models import ACTIVE_BATCH_STATUSES, Batch
+from scheduler.models import ACTIVE_BATCH_STATUSES
 from scheduler.pools.policies import fair_queue
 from tenants.models import Membership
 
@@ -20,16 +21,12 @@ from tenants.models import Membership
 def overview(request: HttpRequest, membership: Membership) -> HttpResponse:
     tenant = membership.tenant
     reserved = fair_queue().snapshot().tenant_reserved_bytes.get(tenant.slug, 0)
-    reserved_units = bytes_to_units_exact(reserved)
     context = page_context(
         membership,
         "overview",
-        reserved_units=reserved_units,
-        reserved_display=format_units(round(reserved_units)),
+        reserved_units=bytes_to_units_exact(reserved),
         budget_used=tokens_used_this_period(tenant, timezone.now()),
-        active_batches=Batch.objects.filter(
-            tenant=tenant, status__in=ACTIVE_BATCH_STATUSES
-        ).count(),
+        active_batches=batch_list(tenant=tenant).filter(status__in=ACTIVE_BATCH_STATUSES).count(),
         max_active_batches=settings.GPUSHARE_TENANT_MAX_ACTIVE_BATCHES,
     )
     return render(request, "portal/overview.html", context)

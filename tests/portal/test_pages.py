@@ -84,6 +84,7 @@ def test_the_home_page_sends_a_person_to_their_only_tenant(alice):
 def test_limits_show_the_tenants_own_and_another_tenant_is_not_found(world, alice):
     page = alice.get("/portal/t/acme/").content.decode()
     assert "8 units" in page
+    assert '<dd id="active-batches">1</dd>' in page  # its own batch, not globex's too
     assert alice.get("/portal/t/globex/").status_code == 404
 
 
