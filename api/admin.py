@@ -99,6 +99,10 @@ class ApiKeyOutput(serializers.ModelSerializer[ApiKey]):
             "name",
             "prefix",
             "default_class",
+            "expires_at",
+            "allowed_models",
+            "rpm_limit",
+            "tpm_limit",
             "created_at",
             "last_used_at",
             "revoked",
@@ -118,6 +122,12 @@ class ApiKeyInput(serializers.Serializer[Any]):
     default_class = serializers.ChoiceField(
         choices=REQUEST_CLASSES, default=RequestClass.STANDARD.value
     )
+    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+    allowed_models = serializers.ListField(
+        child=serializers.CharField(), required=False, help_text="Within the tenant's; [] = its."
+    )
+    rpm_limit = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    tpm_limit = serializers.IntegerField(required=False, allow_null=True, min_value=1)
 
 
 def _paginated(request: Request, view: APIView, rows: Any, serializer: Any) -> Response:

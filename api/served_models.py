@@ -31,7 +31,7 @@ def _visible_models(request: Request, view: TenantApiView) -> list[dict[str, Any
     names: dict[str, int] = {}
     for engine in engines:
         started = int(engine.started_at.timestamp()) if engine.started_at else int(time.time())
-        if tenant.allows_model(engine.served_model_name):
+        if view.principal.api_key.allows_model(engine.served_model_name):
             names.setdefault(engine.served_model_name, started)
     return [
         {"id": name, "object": "model", "created": created, "owned_by": "gpushare"}

@@ -64,6 +64,8 @@ INSTALLED_APPS = [
     "scheduler",
     "telemetry",
     "console",
+    "portal",
+    "mozilla_django_oidc",
 ]
 
 MIDDLEWARE = [
@@ -135,6 +137,30 @@ STATIC_ROOT = VAR_DIR / "static"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 
 LOGIN_URL = "/admin/login/"
+
+# The tenant portal (/portal/) and its single sign-on (docs/SSO.md). Staff sign in with a
+# password at /admin/login/; tenants' people through the OpenID Connect provider when
+# OIDC_RP_CLIENT_ID is set, else with the password they chose on an invitation's link.
+GPUSHARE_PORTAL_INVITATION_DAYS = env_int("GPUSHARE_PORTAL_INVITATION_DAYS", 7)
+OIDC_RP_CLIENT_ID = env_str("OIDC_RP_CLIENT_ID", "")
+OIDC_RP_CLIENT_SECRET = env_str("OIDC_RP_CLIENT_SECRET", "")
+OIDC_RP_SIGN_ALGO = env_str("OIDC_RP_SIGN_ALGO", "RS256")
+OIDC_RP_SCOPES = env_str("OIDC_RP_SCOPES", "openid email")
+OIDC_OP_AUTHORIZATION_ENDPOINT = env_str("OIDC_OP_AUTHORIZATION_ENDPOINT", "")
+OIDC_OP_TOKEN_ENDPOINT = env_str("OIDC_OP_TOKEN_ENDPOINT", "")
+OIDC_OP_USER_ENDPOINT = env_str("OIDC_OP_USER_ENDPOINT", "")
+OIDC_OP_JWKS_ENDPOINT = env_str("OIDC_OP_JWKS_ENDPOINT", "")
+OIDC_OP_LOGOUT_ENDPOINT = env_str("OIDC_OP_LOGOUT_ENDPOINT", "")
+# A claim naming the tenants (slugs; a string or a list) a person belongs to, and the role
+# it gives them; empty: people join tenants by invitation only.
+GPUSHARE_OIDC_TENANT_CLAIM = env_str("GPUSHARE_OIDC_TENANT_CLAIM", "")
+GPUSHARE_OIDC_TENANT_ROLE = env_str("GPUSHARE_OIDC_TENANT_ROLE", "member")
+LOGIN_REDIRECT_URL = "/portal/"
+LOGIN_REDIRECT_URL_FAILURE = "/portal/login/?failed=1"
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "portal.sso.TenantOidcBackend",
+]
 
 # plain: a line of text; json: a JSON object a line (plumbing.json_logs), for a log pipeline.
 GPUSHARE_LOG_FORMAT = log_format()

@@ -9,6 +9,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from api.urls import admin_api_urlpatterns, openai_urlpatterns
 from config import health
 from plumbing.errors import openai_error_body
+from portal.urls import oidc_urlpatterns
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
@@ -16,6 +17,8 @@ urlpatterns = [
     path("", include("telemetry.exporter")),  # /metrics, /metrics/cluster (Prometheus)
     path("admin/", admin.site.urls),
     path("console/", include("console.urls")),
+    path("portal/", include("portal.urls")),
+    path("portal/", include(oidc_urlpatterns)),
     path("api/v1/", include(admin_api_urlpatterns)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

@@ -6,7 +6,7 @@ from django.http import HttpRequest
 
 from capacity.units import format_units
 from tenants.keys import new_key_material
-from tenants.models import ApiKey, Tenant, UsageRecord
+from tenants.models import ApiKey, Invitation, Membership, Tenant, UsageRecord
 from tenants.services import api_keys_revoke
 
 
@@ -69,6 +69,10 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
         "tenant",
         "name",
         "default_class",
+        "expires_at",
+        "allowed_models",
+        "rpm_limit",
+        "tpm_limit",
         "prefix",
         "created_at",
         "last_used_at",
@@ -115,3 +119,27 @@ class UsageRecordAdmin(admin.ModelAdmin[UsageRecord]):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin[Membership]):
+    """People in tenants (the portal's); deleting one takes the person out of the tenant."""
+
+    list_display = ("user", "tenant", "role", "created_at")
+    list_filter = ("role", "tenant")
+    search_fields = ("user__username", "user__email", "tenant__slug")
+    list_select_related = ("user", "tenant")
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin[Invitation]):
+    """Owners' invitations; the token is never shown again (only its hash is stored)."""
+
+    list_display = ("email", "tenant", "role", "created_at", "expires_at", "accepted_at")
+    list_filter = ("role", "tenant")
+    search_fields = ("email", "tenant__slug")
+    readonly_fields = ("tenant", "email", "role", "invited_by", "created_at", "accepted_at")
+    exclude = ("hashed_token",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # an invitation's link is shown once, on the portal's People page

@@ -1,9 +1,11 @@
-"""Per-tenant request and token limits (rpm, tpm, token budget per period), kept in Redis.
+"""Per-tenant request and token limits (rpm, tpm, token budget per period), and a key's own
+rpm and tpm within them, kept in Redis.
 
 Checked when a request arrives, before it is queued, in one Lua script so two concurrent
-requests cannot both pass the last free slot. Minutes use a sliding-window estimate (the
-previous minute's count weighted by how much of it still overlaps the last 60 s), which
-smooths the burst a fixed window allows at each minute boundary.
+requests cannot both pass the last free slot, and a request passes its tenant's limits and
+its key's or counts in neither. Minutes use a sliding-window estimate (the previous minute's
+count weighted by how much of it still overlaps the last 60 s), which smooths the burst a
+fixed window allows at each minute boundary.
 
 Tokens are counted first as the request's estimate (prompt + max_tokens, the most it can use)
 and settled to the real count when it ends, so tpm and the budget are never under-counted
@@ -38,7 +40,7 @@ from redis.commands.core import Script
 from plumbing.aio_redis import AsyncRedis
 from plumbing.errors import DomainError
 from plumbing.redis import redis_client
-from tenants.models import BudgetPeriod, Tenant, UsageRecord
+from tenants.models import ApiKey, BudgetPeriod, Tenant, UsageRecord
 
 log = logging.getLogger(__name__)
 
@@ -50,15 +52,21 @@ local prefix, tenant = ARGV[1], ARGV[2]
 local now, rpm, tpm = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local tokens, budget, budget_key = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
 local seeded = ARGV[9] == '1'
+-- The key's own minute limits, where it has them ('' : none): counted beside its tenant's.
+local key_id, key_rpm, key_tpm = ARGV[10] or '', tonumber(ARGV[11] or 0), tonumber(ARGV[12] or 0)
 local minute = math.floor(now / 60)
 local overlap = 1 - (now - minute * 60) / 60
--- Each window's count is read once: this minute's and the last one's, per kind.
+-- Each window's count is read once: this minute's and the last one's, per kind and owner.
 local counts = {}
-for _, kind in ipairs({'req', 'tok'}) do
-  local this = prefix .. tenant .. ':' .. kind .. ':' .. minute
-  local last = prefix .. tenant .. ':' .. kind .. ':' .. (minute - 1)
+local function read(owner, kind)
+  local this = prefix .. owner .. ':' .. kind .. ':' .. minute
+  local last = prefix .. owner .. ':' .. kind .. ':' .. (minute - 1)
   local values = redis.call('MGET', this, last)
-  counts[kind] = {key = this, this = tonumber(values[1] or 0), last = tonumber(values[2] or 0)}
+  return {key = this, this = tonumber(values[1] or 0), last = tonumber(values[2] or 0)}
+end
+for _, kind in ipairs({'req', 'tok'}) do
+  counts[kind] = read(tenant, kind)
+  if key_id ~= '' then counts['key' .. kind] = read('key:' .. key_id, kind) end
 end
 local function recent(kind)
   return counts[kind].this + counts[kind].last * overlap
@@ -67,15 +75,18 @@ local retry = math.ceil((minute + 1) * 60 - now)
 local verdict = 'ok'
 if rpm > 0 and recent('req') + 1 > rpm then verdict = 'rpm'
 elseif tpm > 0 and recent('tok') + tokens > tpm then verdict = 'tpm'
+elseif key_id ~= '' and key_rpm > 0 and recent('keyreq') + 1 > key_rpm then verdict = 'key_rpm'
+elseif key_id ~= '' and key_tpm > 0 and recent('keytok') + tokens > key_tpm then
+  verdict = 'key_tpm'
 elseif budget > 0 then
   local used = redis.call('GET', budget_key)
   if not used and not seeded then return {'seed', 0} end
   if tonumber(used or 0) + tokens > budget then verdict = 'budget' end
 end
 if verdict == 'ok' then
-  for _, kind in ipairs({'req', 'tok'}) do
-    local count = counts[kind]
-    count.this = redis.call('INCRBY', count.key, kind == 'req' and 1 or tokens)
+  for kind, count in pairs(counts) do
+    local req = kind == 'req' or kind == 'keyreq'
+    count.this = redis.call('INCRBY', count.key, req and 1 or tokens)
     redis.call('EXPIRE', count.key, 180)
   end
   if budget > 0 then redis.call('INCRBY', budget_key, tokens) end
@@ -95,7 +106,7 @@ local function left(kind, limit)
 end
 local requests_left, requests_reset = left('req', rpm)
 local tokens_left, tokens_reset = left('tok', tpm)
-if verdict ~= 'rpm' and verdict ~= 'tpm' then retry = 0 end
+if verdict == 'ok' or verdict == 'budget' then retry = 0 end
 return {verdict, retry, requests_left, requests_reset, tokens_left, tokens_reset}
 """
 
@@ -143,6 +154,8 @@ class Admission:
     # False when the tenant had no limits: nothing was counted, so nothing is refunded (one
     # round trip to Redis less per request).
     counted: bool = True
+    # The key whose own minute limits counted it too (None: the key has none).
+    api_key_id: int | None = None
     # The answer's x-ratelimit-* headers (`rate_limit_headers`): the web's to send, not part
     # of what is settled, so not in the job's payload (`settling_fields`).
     headers: dict[str, str] = field(default_factory=dict, compare=False)
@@ -172,28 +185,35 @@ class _Check:
     estimated_tokens: int
     moment: float
     budget_key: str | None
+    api_key: ApiKey | None
 
     @classmethod
-    def of(cls, tenant: Tenant, estimated_tokens: int, now: float | None) -> _Check:
+    def of(
+        cls, tenant: Tenant, estimated_tokens: int, now: float | None, api_key: ApiKey | None
+    ) -> _Check:
         moment = time.time() if now is None else now
         budget_key = None
         if tenant.token_budget:
             budget_key = _budget_key(tenant, datetime.fromtimestamp(moment, tz=UTC))
-        return cls(tenant, estimated_tokens, moment, budget_key)
+        limited_key = api_key if api_key is not None and api_key.has_limits else None
+        return cls(tenant, estimated_tokens, moment, budget_key, limited_key)
 
     @property
     def limited(self) -> bool:
-        """False for a tenant without limits: nothing to count, no round trip to Redis."""
+        """False for a tenant and key without limits: nothing to count, no round trip to
+        Redis."""
         tenant = self.tenant
-        return bool(tenant.rpm_limit or tenant.tpm_limit or tenant.token_budget)
+        return bool(tenant.rpm_limit or tenant.tpm_limit or tenant.token_budget or self.api_key)
 
     def args(self, *, seeded: bool) -> list[str | int]:
         """The script's arguments; `seeded`: the budget's counter was just seeded, so a
         missing one counts as zero rather than asking for a seed again."""
-        tenant = self.tenant
+        tenant, key = self.tenant, self.api_key
         return [PREFIX, tenant.pk, repr(self.moment), tenant.rpm_limit or 0,
                 tenant.tpm_limit or 0, self.estimated_tokens, tenant.token_budget or 0,
-                self.budget_key or "", "1" if seeded else ""]  # fmt: skip
+                self.budget_key or "", "1" if seeded else "",
+                key.pk if key else "", (key.rpm_limit or 0) if key else 0,
+                (key.tpm_limit or 0) if key else 0]  # fmt: skip
 
     def seed(self) -> None:
         """The budget's counter from the ledger, where the script found none (Redis lost it,
@@ -232,21 +252,46 @@ class _Check:
                 retry_after,
                 headers,
             )
+        key = self.api_key
+        if key is not None and verdict == "key_rpm":
+            raise _rate_limited(f"Rate limit of this key reached: {key.rpm_limit} requests per "
+                                "minute.", retry_after, headers)  # fmt: skip
+        if key is not None and verdict == "key_tpm":
+            raise _rate_limited(
+                f"Rate limit of this key reached: {key.tpm_limit} tokens per minute; this "
+                f"request may use up to {estimated_tokens}.",
+                retry_after,
+                headers,
+            )
         if verdict == "budget":
             raise BudgetExhausted(
                 f"Token budget of {tenant.token_budget} per {tenant.budget_period} is used up.",
                 headers=headers,
             )
-        return Admission(tenant.pk, estimated_tokens, minute, self.budget_key, headers=headers)
+        return Admission(
+            tenant.pk,
+            estimated_tokens,
+            minute,
+            self.budget_key,
+            api_key_id=key.pk if key is not None else None,
+            headers=headers,
+        )
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def limits_admit(*, tenant: Tenant, estimated_tokens: int, now: float | None = None) -> Admission:
-    """Counts the request against the tenant's limits, or raises RateLimited/BudgetExhausted."""
-    check = _Check.of(tenant, estimated_tokens, now)
+def limits_admit(
+    *,
+    tenant: Tenant,
+    estimated_tokens: int,
+    now: float | None = None,
+    api_key: ApiKey | None = None,
+) -> Admission:
+    """Counts the request against the tenant's limits and its key's (`api_key`, where given),
+    or raises RateLimited/BudgetExhausted."""
+    check = _Check.of(tenant, estimated_tokens, now, api_key)
     if not check.limited:
         return check.verdict(None)
     script = _script(_ADMIT)
@@ -264,10 +309,11 @@ async def limits_admit_async(
     client: AsyncRedis,
     in_thread: Callable[[Callable[[], None]], Awaitable[None]],
     now: float | None = None,
+    api_key: ApiKey | None = None,
 ) -> Admission:
     """`limits_admit` from an event loop: the script through `client`, and the budget's seed
     (a read of the ledger, and the sync Redis client) through `in_thread`."""
-    check = _Check.of(tenant, estimated_tokens, now)
+    check = _Check.of(tenant, estimated_tokens, now, api_key)
     if not check.limited:
         return check.verdict(None)
     script = _script(_ADMIT)
@@ -347,5 +393,9 @@ def _settling(
             "request %s of tenant %s used %d tokens, %d more than admitted; charged",
             request_id or "-", admission.tenant_id, used_tokens, -refund,
         )  # fmt: skip
-    token_key = f"{PREFIX}{admission.tenant_id}:tok:{admission.minute}"
-    return [token_key] + ([admission.budget_key] if admission.budget_key else []), refund
+    keys = [f"{PREFIX}{admission.tenant_id}:tok:{admission.minute}"]
+    if admission.api_key_id is not None:
+        keys.append(f"{PREFIX}key:{admission.api_key_id}:tok:{admission.minute}")
+    if admission.budget_key:
+        keys.append(admission.budget_key)
+    return keys, refund

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -157,6 +159,20 @@ class ApiKey(models.Model):
         choices=[(c.value, c.value) for c in RequestClass],
         default=RequestClass.STANDARD.value,
     )
+    expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the key stops working; empty = never."
+    )
+    allowed_models = models.JSONField(
+        default=_no_models,
+        blank=True,
+        help_text="Served model names this key may use, within its tenant's; empty = the tenant's.",
+    )
+    rpm_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests per minute of this key; empty = the tenant's."
+    )
+    tpm_limit = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Tokens per minute of this key; empty = the tenant's."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -168,9 +184,94 @@ class ApiKey(models.Model):
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.name})"
 
+    def clean(self) -> None:
+        errors = _list_errors("allowed_models", self.allowed_models)
+        if not errors and self.tenant_id is not None and self.tenant.allowed_models:
+            outside = sorted(set(self.allowed_models) - set(self.tenant.allowed_models))
+            if outside:
+                errors["allowed_models"] = (
+                    f"Tenant '{self.tenant.slug}' may not use {', '.join(map(repr, outside))}."
+                )
+        if errors:
+            raise ValidationError(errors)
+
     @property
     def is_revoked(self) -> bool:
         return self.revoked_at is not None
+
+    def is_expired(self, now: datetime) -> bool:
+        return self.expires_at is not None and self.expires_at <= now
+
+    def allows_model(self, served_model_name: str) -> bool:
+        """Within its tenant's models, and its own list where it has one."""
+        return self.tenant.allows_model(served_model_name) and (
+            not self.allowed_models or served_model_name in self.allowed_models
+        )
+
+    @property
+    def has_limits(self) -> bool:
+        return bool(self.rpm_limit or self.tpm_limit)
+
+
+class MemberRole(models.TextChoices):
+    """What a person may do in a tenant's portal: an owner also invites people; a member
+    also makes and revokes keys and runs batches; a viewer reads."""
+
+    OWNER = "owner", "owner"
+    MEMBER = "member", "member"
+    VIEWER = "viewer", "viewer"
+
+
+class Membership(models.Model):
+    """A person (a Django user, signed in through SSO or an invitation) in a tenant."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=8, choices=MemberRole.choices, default=MemberRole.MEMBER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("tenant__slug", "user__username")
+        constraints = (models.UniqueConstraint(fields=("user", "tenant"), name="membership_once"),)
+
+    def __str__(self) -> str:
+        return f"{self.user_id} in {self.tenant_id} ({self.role})"
+
+    @property
+    def can_write(self) -> bool:
+        return self.role in (MemberRole.OWNER, MemberRole.MEMBER)
+
+    @property
+    def can_invite(self) -> bool:
+        return self.role == MemberRole.OWNER
+
+
+class Invitation(models.Model):
+    """An owner's invitation of an email address into a tenant. Only the token's SHA-256 is
+    stored; the link with the token is shown once. Signing in through SSO with the invited
+    address accepts it too."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField()
+    role = models.CharField(max_length=8, choices=MemberRole.choices, default=MemberRole.MEMBER)
+    hashed_token = models.CharField(max_length=64, unique=True, editable=False)
+    invited_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-created_at",)
+
+    def __str__(self) -> str:
+        return f"{self.email} to {self.tenant_id} ({self.role})"
+
+    def is_open(self, now: datetime) -> bool:
+        return self.accepted_at is None and self.expires_at > now
 
 
 class Outcome(models.TextChoices):

@@ -26,6 +26,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from django.db.models import Q, QuerySet, Sum
+from django.db.models.functions import TruncDate
 
 from plumbing.errors import DomainError
 from protocol.classes import REQUEST_CLASSES
@@ -434,3 +435,51 @@ def reports_csv(reports: Iterable[UsageReport]) -> str:
     for report in reports:
         writer.writerow(report_row(report))
     return out.getvalue()
+
+
+# What the portal's usage page breaks a range down by: the ledger's own columns.
+Breakdown = Literal["day", "model", "api_key", "end_user"]
+BREAKDOWNS: tuple[Breakdown, ...] = ("day", "model", "api_key", "end_user")
+
+
+def usage_breakdown(
+    *, tenant: Tenant, since: datetime, until: datetime, by: Breakdown
+) -> list[dict[str, Any]]:
+    """The tenant's requests, tokens and reserved unit-hours in [since, until), one row per
+    day (UTC), model, key or end user, summed by the database. A row's `label` is the day,
+    the model, the key's prefix and name, or the end user ('' when the request named none)."""
+    records = usage_records(tenant=tenant, since=since, until=until).order_by()
+    grouped: Any
+    if by == "day":
+        grouped = records.annotate(group=TruncDate("finished_at", tzinfo=UTC)).values("group")
+    elif by == "api_key":
+        grouped = records.values("api_key__prefix", "api_key__name")
+    else:
+        grouped = records.values(by)
+    rows = grouped.annotate(
+        n=Sum("requests"),
+        prompt=Sum("prompt_tokens"),
+        completion=Sum("completion_tokens"),
+        unit_seconds=Sum("reserved_unit_seconds"),
+    )
+    result = []
+    for row in rows:
+        if by == "day":
+            label = row["group"].isoformat()
+        elif by == "api_key":
+            prefix = row["api_key__prefix"]
+            label = f"{prefix}… {row['api_key__name']}" if prefix else "(no key)"
+        else:
+            label = row[by]
+        result.append(
+            {
+                "label": label,
+                "requests": row["n"] or 0,
+                "prompt_tokens": row["prompt"] or 0,
+                "completion_tokens": row["completion"] or 0,
+                "tokens": (row["prompt"] or 0) + (row["completion"] or 0),
+                "unit_hours": (row["unit_seconds"] or 0.0) / 3600,
+            }
+        )
+    key = "label" if by == "day" else "tokens"
+    return sorted(result, key=lambda r: r[key], reverse=by != "day")

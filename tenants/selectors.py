@@ -56,3 +56,12 @@ def usage_record_get(*, request_id: str) -> UsageRecord:
         return UsageRecord.objects.select_related("tenant", "api_key").get(request_id=request_id)
     except UsageRecord.DoesNotExist:
         raise NotFound(f"No request '{request_id}' in the usage ledger.") from None
+
+
+def usage_record_find(*, tenant: Tenant, request_id: str) -> UsageRecord | None:
+    """The tenant's ledger row of one request, or None (another tenant's is none too)."""
+    return (
+        UsageRecord.objects.select_related("api_key")
+        .filter(tenant=tenant, request_id=request_id)
+        .first()
+    )

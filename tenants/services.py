@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -116,9 +116,21 @@ def tenant_delete(*, tenant: Tenant) -> None:
 
 
 @transaction.atomic
-def api_key_create(*, tenant: Tenant, name: str, default_class: str = "") -> IssuedKey:
+def api_key_create(
+    *,
+    tenant: Tenant,
+    name: str,
+    default_class: str = "",
+    expires_at: datetime | None = None,
+    allowed_models: list[str] | None = None,
+    rpm_limit: int | None = None,
+    tpm_limit: int | None = None,
+) -> IssuedKey:
     """A new key; its default class is `standard`, or the tenant's first allowed class
-    when `standard` is not allowed, unless one is given."""
+    when `standard` is not allowed, unless one is given. `expires_at`, `allowed_models` and
+    the minute limits narrow what the key may do within its tenant's."""
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ValidationError({"expires_at": "A key's expiry must be in the future."})
     if not default_class:
         allowed = tenant.allowed_classes
         standard = RequestClass.STANDARD
@@ -130,6 +142,10 @@ def api_key_create(*, tenant: Tenant, name: str, default_class: str = "") -> Iss
         prefix=material.prefix,
         hashed_key=material.hashed_key,
         default_class=default_class,
+        expires_at=expires_at,
+        allowed_models=allowed_models or [],
+        rpm_limit=rpm_limit,
+        tpm_limit=tpm_limit,
     )
     api_key.full_clean()
     if not tenant.allows_class(default_class):
@@ -162,12 +178,15 @@ def api_key_authenticate(*, raw_key: str) -> ApiKey:
     """The live key behind `raw_key`, with its tenant, or InvalidApiKey.
 
     One message for unknown, revoked and inactive alike: a caller learns nothing about
-    which keys exist.
+    which keys exist. An expired key says so (its holder knows it existed); its expiry is
+    checked on every call, cached or not.
     """
     hashed = hash_key(raw_key)
     api_key = _live_keys.get_or_compute(hashed, lambda: _live_key(hashed))
     if api_key is None:
         raise InvalidApiKey("Incorrect API key provided, or the key has been revoked.")
+    if api_key.is_expired(timezone.now()):
+        raise InvalidApiKey("The API key has expired.", code="expired_api_key")
     _touch(api_key)
     return api_key
 

@@ -39,6 +39,7 @@ def test_the_layout_of_the_design_is_there():
         "console",
         "fairqueue",
         "plumbing",
+        "portal",
         "protocol",
         "scheduler/engines",
         "scheduler/online",

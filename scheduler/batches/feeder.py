@@ -113,7 +113,7 @@ def _validate_batch(batch: Batch, now: datetime) -> None:
             file_lines(handle),
             endpoint_path=batch.endpoint,
             max_lines=settings.GPUSHARE_BATCH_MAX_LINES,
-            model_check=model_check(batch.tenant, batch.endpoint),
+            model_check=model_check(batch.tenant, batch.endpoint, batch.api_key),
             enabled=batch.tenant.enabled_fields,
         )
     if not validation.ok:
@@ -373,7 +373,9 @@ class _Feeder:
         tenant = self.batch.tenant
         try:
             admission = limits_admit(
-                tenant=tenant, estimated_tokens=request_tokens(request, prompt_tokens, max_tokens)
+                tenant=tenant,
+                estimated_tokens=request_tokens(request, prompt_tokens, max_tokens),
+                api_key=self.batch.api_key,
             )
         except RateLimited:
             return False  # rpm/tpm: the batch pauses until the next tick

@@ -21,7 +21,7 @@ from scheduler.models import (
     Engine,
     EngineTask,
 )
-from tenants.models import Tenant
+from tenants.models import ApiKey, Tenant
 
 # The Responses API is served online only.
 ENDPOINTS_BY_PATH: dict[str, Endpoint] = {
@@ -185,9 +185,10 @@ def check_metadata(metadata: Any) -> dict[str, str] | None:
     return metadata
 
 
-def model_check(tenant: Tenant, endpoint_path: str) -> ModelCheck:
-    """The refusal of a line's model: one the tenant may not use, one no engine serves, or
-    one whose engines do not serve the batch's endpoint (embeddings or text generation)."""
+def model_check(tenant: Tenant, endpoint_path: str, api_key: ApiKey | None = None) -> ModelCheck:
+    """The refusal of a line's model: one the tenant (or the key that made the batch) may
+    not use, one no engine serves, or one whose engines do not serve the batch's endpoint
+    (embeddings or text generation)."""
     known: dict[str, tuple[str, str] | None] = {}
     task = (
         EngineTask.EMBED if endpoint_path == ENDPOINT_PATHS["embeddings"] else EngineTask.GENERATE
@@ -201,6 +202,8 @@ def model_check(tenant: Tenant, endpoint_path: str) -> ModelCheck:
                     "model_not_allowed",
                     f"Tenant '{tenant.slug}' may not use model '{model}'.",
                 )
+            elif api_key is not None and not api_key.allows_model(model):
+                known[model] = ("model_not_allowed", f"This key may not use model '{model}'.")
             elif not engines.exists():
                 known[model] = ("model_not_found", f"The model '{model}' does not exist.")
             elif not engines.filter(task=task).exists():

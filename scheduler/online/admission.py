@@ -199,9 +199,10 @@ def _prepare(
             f"(allowed: {', '.join(tenant.allowed_classes)}).",
             code="class_not_allowed",
         )
-    if not tenant.allows_model(request.model):
+    if not api_key.allows_model(request.model):
+        whose = f"Tenant '{tenant.slug}'" if not tenant.allows_model(request.model) else "This key"
         raise Forbidden(
-            f"Tenant '{tenant.slug}' may not use model '{request.model}'.",
+            f"{whose} may not use model '{request.model}'.",
             param="model",
             code="model_not_allowed",
         )
@@ -607,6 +608,7 @@ async def _count(prepared: _Prepared, estimated_tokens: int) -> Admission:
         estimated_tokens=estimated_tokens,
         client=_loop_state().redis,
         in_thread=_in_thread,
+        api_key=prepared.api_key,
     )
 
 

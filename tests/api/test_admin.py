@@ -60,6 +60,20 @@ def test_a_created_key_is_shown_once_and_then_only_its_prefix(staff_client, owne
     assert raw not in str(listed)
 
 
+def test_staff_make_a_key_with_an_expiry_models_and_limits_of_its_own(staff_client, owner):
+    body = {"name": "ci", "expires_at": "2099-01-01T00:00:00Z", "allowed_models": ["llama"],
+            "rpm_limit": 60, "tpm_limit": 6000}  # fmt: skip
+    created = staff_client.post("/api/v1/tenants/acme/keys/", body, format="json").json()
+    assert created["expires_at"] == "2099-01-01T00:00:00Z"
+    assert (created["allowed_models"], created["rpm_limit"], created["tpm_limit"]) == (
+        ["llama"], 60, 6000,
+    )  # fmt: skip
+    past = {"name": "old", "expires_at": "2000-01-01T00:00:00Z"}
+    refused = staff_client.post("/api/v1/tenants/acme/keys/", past, format="json")
+    assert refused.status_code == 400
+    assert "in the future" in str(refused.json())
+
+
 def test_staff_revokes_a_key(staff_client, owner_key):
     url = f"/api/v1/tenants/acme/keys/{owner_key.api_key.pk}/revoke/"
     assert staff_client.post(url).json()["revoked"] is True

@@ -897,3 +897,31 @@ def test_a_stream_whose_last_relayed_chunks_were_lost_ends_with_an_error(redis_d
     got = relayed("j13", [(1, None), (2, None), (None, done)])
     assert len(got) == 4  # two chunks, the error, [DONE]
     assert b"Part of the stream was lost" in got[2]
+
+
+def test_a_key_limited_to_some_models_is_refused_others_and_an_expired_key_is_401(transactional_db):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tenants.models import ApiKey
+    from tenants.services import api_key_create
+    from tests.factories import TenantFactory
+
+    tenant = TenantFactory.create(slug="acme")
+    narrow = api_key_create(tenant=tenant, name="narrow", allowed_models=["llama"]).raw_key
+    body = {"model": "qwen", "messages": [{"role": "user", "content": "hi"}]}
+    refused = asgi_request("POST", CHAT, json=body, headers={"Authorization": f"Bearer {narrow}"})
+    assert refused.status_code == 403
+    assert error_of(refused)["code"] == "model_not_allowed"
+    assert "This key may not use model 'qwen'" in error_of(refused)["message"]
+
+    issued = api_key_create(tenant=tenant, name="old", expires_at=timezone.now() + timedelta(1))
+    ApiKey.objects.filter(pk=issued.api_key.pk).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    expired = asgi_request(
+        "POST", CHAT, json=body, headers={"Authorization": f"Bearer {issued.raw_key}"}
+    )
+    assert expired.status_code == 401
+    assert error_of(expired)["code"] == "expired_api_key"

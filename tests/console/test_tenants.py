@@ -119,6 +119,15 @@ def test_the_tenant_page_lists_keys_by_prefix_never_the_hash(console: Client, ow
     assert "Latency percentiles" in page  # the usage charts
 
 
+def test_the_tenant_page_shows_a_keys_own_models_and_limits(console: Client, owner: Tenant):
+    from tenants.services import api_key_create
+
+    api_key_create(tenant=owner, name="narrow", allowed_models=["llama"], rpm_limit=30)
+    page = console.get("/console/tenants/acme/").content.decode()
+
+    assert "models llama; 30 rpm" in page
+
+
 def test_the_tenant_page_shows_its_quota_and_limits(console: Client, owner: Tenant):
     owner.allowed_classes = ["interactive", "standard"]
     owner.burst_units = 4

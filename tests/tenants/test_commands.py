@@ -110,6 +110,20 @@ def test_key_create_list_and_revoke():
     assert json.loads(run("key", "list", "acme", "--json"))[0]["revoked_at"] is not None
 
 
+def test_key_create_with_an_expiry_models_and_limits_of_its_own():
+    run("tenant", "create", "acme", "--quota-units", "8", "--no-key")
+    created = json.loads(
+        run("key", "create", "acme", "--expires", "2099-01-01T00:00", "--models", "llama",
+            "--rpm", "60", "--tpm", "6000", "--json")
+    )  # fmt: skip
+    assert created["expires_at"] == "2099-01-01T00:00:00+00:00"
+    assert (created["allowed_models"], created["rpm_limit"], created["tpm_limit"]) == (
+        ["llama"], 60, 6000,
+    )  # fmt: skip
+    with pytest.raises(CommandError, match="in the future"):
+        run("key", "create", "acme", "--expires", "2000-01-01")
+
+
 def test_key_revoke_of_another_tenants_key_is_not_found():
     run("tenant", "create", "acme", "--quota-units", "8", "--no-key")
     other = json.loads(run("tenant", "create", "globex", "--quota-units", "8", "--json"))

@@ -22,7 +22,7 @@ from tenants.limits import (
 )
 from tenants.limits import limits_admit as limits_admit_sync
 from tenants.models import UsageRecord
-from tenants.services import tenant_update
+from tenants.services import api_key_create, tenant_update
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the async check's seed: in a thread
 
@@ -197,3 +197,25 @@ def test_a_tenant_without_minute_limits_gets_no_headers(owner, redis_db, limits_
 )  # fmt: skip
 def test_durations_are_written_as_openai_writes_its_resets(ms, text):
     assert duration_text(ms) == text
+
+
+def test_a_keys_own_rpm_refuses_it_while_its_tenants_other_keys_go_on(
+    owner, redis_db, limits_admit
+):
+    limited = api_key_create(tenant=owner, name="ci", rpm_limit=2).api_key
+    other = api_key_create(tenant=owner, name="web").api_key
+    for _ in range(2):
+        limits_admit(tenant=owner, estimated_tokens=1, now=NOW, api_key=limited)
+    with pytest.raises(RateLimited, match="this key reached: 2 requests per minute"):
+        limits_admit(tenant=owner, estimated_tokens=1, now=NOW, api_key=limited)
+    limits_admit(tenant=owner, estimated_tokens=1, now=NOW, api_key=other)
+
+
+def test_a_keys_tpm_is_settled_to_the_tokens_used(owner, redis_db, limits_admit):
+    key = api_key_create(tenant=owner, name="ci", tpm_limit=1000).api_key
+    admission = limits_admit(tenant=owner, estimated_tokens=800, now=NOW, api_key=key)
+    assert admission.api_key_id == key.pk
+    with pytest.raises(RateLimited, match="this key reached: 1000 tokens per minute"):
+        limits_admit(tenant=owner, estimated_tokens=300, now=NOW + 1, api_key=key)
+    limits_settle(admission=admission, used_tokens=100)
+    limits_admit(tenant=owner, estimated_tokens=300, now=NOW + 2, api_key=key)

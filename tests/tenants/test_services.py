@@ -1,6 +1,9 @@
+from datetime import timedelta
+
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection
+from django.utils import timezone
 
 from plumbing.errors import InvalidApiKey
 from tenants import services
@@ -131,3 +134,26 @@ def test_a_key_defaults_to_the_first_allowed_class_when_standard_is_not_allowed(
     )
     everything = services.tenant_create(slug="all-classes", quota_units=1)
     assert services.api_key_create(tenant=everything, name="k").api_key.default_class == "standard"
+
+
+def test_a_key_stops_working_when_it_expires_even_while_cached(owner, monkeypatch):
+    soon = timezone.now() + timedelta(seconds=60)
+    issued = services.api_key_create(tenant=owner, name="ci", expires_at=soon)
+    assert services.api_key_authenticate(raw_key=issued.raw_key) == issued.api_key
+    monkeypatch.setattr(timezone, "now", lambda: soon + timedelta(seconds=1))
+    with pytest.raises(InvalidApiKey) as caught:
+        services.api_key_authenticate(raw_key=issued.raw_key)
+    assert caught.value.code == "expired_api_key"
+
+
+def test_a_key_is_refused_an_expiry_in_the_past_and_models_outside_its_tenants(owner):
+    with pytest.raises(ValidationError, match="in the future"):
+        services.api_key_create(
+            tenant=owner, name="ci", expires_at=timezone.now() - timedelta(seconds=1)
+        )
+    services.tenant_update(tenant=owner, allowed_models=["llama"])
+    with pytest.raises(ValidationError, match="may not use 'qwen'"):
+        services.api_key_create(tenant=owner, name="ci", allowed_models=["qwen"])
+    key = services.api_key_create(tenant=owner, name="ci", allowed_models=["llama"]).api_key
+    assert key.allows_model("llama")
+    assert not key.allows_model("qwen")

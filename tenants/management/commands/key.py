@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -22,10 +24,22 @@ def key_as_dict(api_key: ApiKey) -> dict[str, Any]:
         "name": api_key.name,
         "prefix": api_key.prefix,
         "default_class": api_key.default_class,
+        "expires_at": api_key.expires_at.isoformat() if api_key.expires_at else None,
+        "allowed_models": api_key.allowed_models,
+        "rpm_limit": api_key.rpm_limit,
+        "tpm_limit": api_key.tpm_limit,
         "created_at": api_key.created_at.isoformat(),
         "last_used_at": api_key.last_used_at.isoformat() if api_key.last_used_at else None,
         "revoked_at": api_key.revoked_at.isoformat() if api_key.revoked_at else None,
     }
+
+
+def _moment(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time.") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 class Command(BaseCommand):
@@ -42,6 +56,14 @@ class Command(BaseCommand):
             choices=REQUEST_CLASSES,
             default=RequestClass.STANDARD.value,
         )
+        create.add_argument(
+            "--expires", type=_moment, help="When it stops working (ISO 8601; UTC if naive)."
+        )
+        create.add_argument(
+            "--models", nargs="+", default=[], help="Models it may use, within its tenant's."
+        )
+        create.add_argument("--rpm", type=int, help="Requests per minute of this key.")
+        create.add_argument("--tpm", type=int, help="Tokens per minute of this key.")
         revoke = actions.add_parser("revoke", help="Revoke a key.")
         revoke.add_argument("tenant", help="Tenant slug.")
         revoke.add_argument("key_id", type=int)
@@ -61,7 +83,13 @@ class Command(BaseCommand):
 
     def _create(self, tenant: Any, options: dict[str, Any]) -> None:
         issued = services.api_key_create(
-            tenant=tenant, name=options["name"], default_class=options["default_class"]
+            tenant=tenant,
+            name=options["name"],
+            default_class=options["default_class"],
+            expires_at=options["expires"],
+            allowed_models=options["models"],
+            rpm_limit=options["rpm"],
+            tpm_limit=options["tpm"],
         )
         if options["json"]:
             print_json(self.stdout, {**key_as_dict(issued.api_key), "key": issued.raw_key})
