@@ -72,12 +72,12 @@ class RedisServer(RedisNode):
     def url(self, db: int = 0) -> str:
         return f"redis://127.0.0.1:{self.port}/{db}"
 
-    def start(self, *args: str) -> None:
+    def start(self, *args: str, client: redis.Redis | None = None) -> None:
         """SIGKILLed later (`kill`), it keeps what the AOF holds: no shutdown save."""
         super().start(
             "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-            "--protected-mode", "no", *args,
+            "--protected-mode", "no", *args, client=client,
         )  # fmt: skip
 
 
