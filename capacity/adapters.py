@@ -48,7 +48,8 @@ def lora_slot_bytes(config: Mapping[str, Any], rank: int) -> int:
 
 def engine_adapter_units(config: Mapping[str, Any], *, max_loras: int, max_lora_rank: int) -> int:
     """Units an engine's adapter slots hold of its footprint: `max_loras` slots of
-    `max_lora_rank`, each rounded up to whole units (0 when the engine serves no adapter)."""
+    `max_lora_rank`, together rounded up to whole units (0 when the engine serves no
+    adapter)."""
     if max_loras <= 0:
         return 0
-    return max_loras * adapter_units(lora_slot_bytes(config, max_lora_rank))
+    return adapter_units(max_loras * lora_slot_bytes(config, max_lora_rank))

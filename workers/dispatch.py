@@ -481,15 +481,23 @@ async def run_picked(dispatcher: Dispatcher, run: Run) -> RunResult:
 
     async def load_adapter() -> None:
         if not engine.max_loras:
+            message = (
+                f"The model '{adapter}' cannot run on engine {engine.name}: it serves no adapters."
+            )
             raise EngineRequestError(
-                f"engine {engine.name} serves no adapters", status_code=404, body=""
+                message, status_code=404, body=wire.dumps({"message": message})
             )
         await dispatcher.adapter_loads.ensure(engine, client, adapter)
 
-    return await run_job(
+    result = await run_job(
         queue, run, client, dispatcher.relay, on_engine_lost=engine_lost,
         reports=dispatcher.reports, before_call=load_adapter if adapter else None,
     )  # fmt: skip
+    if adapter and result.status_code == 404:
+        # The engine did not know it (restarted behind the platform's back): the next job
+        # for it loads it again.
+        await dispatcher.adapter_loads.forget(engine, adapter)
+    return result
 
 
 def _adapter_local_dir(name: str) -> Path:
@@ -497,7 +505,8 @@ def _adapter_local_dir(name: str) -> Path:
     as any unknown model is."""
     adapter = adapter_get(name=name)
     if adapter is None:
-        raise EngineRequestError(f"adapter {name} was removed", status_code=404, body="")
+        message = f"The model '{name}' does not exist."
+        raise EngineRequestError(message, status_code=404, body=wire.dumps({"message": message}))
     return local_dir(adapter)
 
 

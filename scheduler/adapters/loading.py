@@ -77,6 +77,10 @@ class AdapterLoads:
             finally:
                 await self._release(engine.name, token)
 
+    async def forget(self, engine: Engine, name: str) -> None:
+        """The engine does not hold `name` after all (it answered 404 for it)."""
+        await self._redis.call("ZREM", loaded_key(engine.name), name)
+
     async def _load(self, engine: Engine, client: AsyncEngineClient, name: str, key: str) -> bool:
         if await self._redis.call("ZSCORE", key, name) is not None:  # loaded meanwhile
             await self._redis.call("ZADD", key, f"{time.time():.6f}", name)

@@ -36,8 +36,10 @@ def test_a_slot_holds_a_and_b_of_every_projection_at_the_rank() -> None:
     assert lora_slot_bytes(LLAMA_8B, 64) == 4 * big
 
 
-def test_an_engines_slots_are_each_whole_units() -> None:
+def test_an_engines_slots_are_whole_units_together() -> None:
     assert engine_adapter_units(TINY, max_loras=0, max_lora_rank=16) == 0
-    assert engine_adapter_units(TINY, max_loras=3, max_lora_rank=16) == 3
+    assert engine_adapter_units(TINY, max_loras=3, max_lora_rank=16) == 1
+    # Rank 64 on an 8B model: 3 slots of 1.25 units each, 3.75 together.
+    assert engine_adapter_units(LLAMA_8B, max_loras=3, max_lora_rank=64) == 4
     # Rank 512 on an 8B model: 2.5 GiB a slot.
     assert engine_adapter_units(LLAMA_8B, max_loras=2, max_lora_rank=512) == 2 * 10
