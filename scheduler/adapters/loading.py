@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import redis
 
+from plumbing import wire
 from plumbing.aio_redis import AsyncRedis
 from scheduler.engines.aio_client import AsyncEngineClient
 from scheduler.engines.auth import engine_auth_headers
@@ -97,6 +98,13 @@ class AdapterLoads:
         status, body = await client.control(
             LOAD_PATH, {"lora_name": name, "lora_path": str(folder)}
         )
+        if status == 500:
+            # vLLM could not read or apply the adapter (its files): the engine is well, and
+            # the job would fail the same on any other, so it is answered, not requeued.
+            message = f"The model '{name}' could not be loaded: {body[:500]}"
+            raise EngineRequestError(
+                message, status_code=500, body=wire.dumps({"message": message})
+            )
         if not (status == 400 and "already been loaded" in body):
             raise_for_status(status, body, client.base_url + LOAD_PATH)
         await self._redis.call("ZADD", key, f"{time.time():.6f}", name)

@@ -2,8 +2,8 @@
 of one tenant registered with `manage.py adapter register` (scripts/make_tiny_adapters.py),
 the official `openai` client. An answer through an adapter differs from the base model's;
 another tenant finds no such model; the engine loads an adapter when a request names it and
-unloads its least recently used one to make room; a batch line names one; a removed adapter
-is unloaded and refused."""
+unloads its least recently used one to make room; a batch line names one; an adapter the
+engine cannot load is an error, not a retry; a removed adapter is unloaded and refused."""
 
 from __future__ import annotations
 
@@ -139,6 +139,18 @@ def test_adapters_are_loaded_called_refused_and_unloaded(
     [output] = jsonl(client, batch.output_file_id)
     assert output["response"]["status_code"] == 200
     assert output["response"]["body"]["model"] == second
+
+    # An adapter whose weights vLLM cannot read is answered with an error, not retried, and
+    # the engine goes on serving.
+    broken = write_adapter(tmp_path, "tiny-c")
+    (broken / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    third = f"ft-{tag}-c"
+    platform_server.manage(
+        "adapter", "register", owner, third, "--base", BASE, "--from", str(broken)
+    )
+    with pytest.raises(openai.InternalServerError, match="could not be loaded"):
+        complete(client, third)
+    assert complete(client, first) == through_first
 
     # Removed: unloaded from the engine and, within the adapters' cache, refused.
     assert "Removed" in platform_server.manage("adapter", "remove", second)
