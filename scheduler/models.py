@@ -402,6 +402,8 @@ class Pool(models.Model):
     max_model_len = models.PositiveIntegerField(default=2048)
     max_num_seqs = models.PositiveIntegerField(default=32)
     offline_load_threshold = models.FloatField(default=0.4)
+    max_loras = models.PositiveSmallIntegerField(default=0, help_text="Its engines' --max-loras.")
+    max_lora_rank = models.PositiveSmallIntegerField(default=16)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

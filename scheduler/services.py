@@ -287,6 +287,8 @@ POOL_PROFILE_FIELDS = (
     "max_model_len",
     "max_num_seqs",
     "offline_load_threshold",
+    "max_loras",
+    "max_lora_rank",
 )
 POOL_POLICY_FIELDS = (
     "enabled",
@@ -318,6 +320,9 @@ def _check_pool(pool: Pool) -> None:
         parse_peaks(pool.peaks)
     except PeakError as exc:
         raise DomainError(str(exc), param="peaks") from None
+    _check_loras(
+        max_loras=pool.max_loras, max_lora_rank=pool.max_lora_rank, task=EngineTask.GENERATE
+    )
     try:
         ZoneInfo(pool.timezone)
     except (ZoneInfoNotFoundError, ValueError):
@@ -389,6 +394,7 @@ def pool_add_engines(
                 footprint_units=pool.footprint_units, port=port, device=device, host=host,
                 max_model_len=pool.max_model_len, max_num_seqs=pool.max_num_seqs,
                 offline_load_threshold=pool.offline_load_threshold,
+                max_loras=pool.max_loras, max_lora_rank=pool.max_lora_rank,
             )
         )  # fmt: skip
         port += 1
