@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import User
 
 from capacity.units import UNIT_BYTES
 from plumbing.errors import Conflict, DomainError, NotFound
@@ -150,3 +151,17 @@ def test_a_tenants_queue_quota_holds_its_adapters_units(engine, source, redis_db
     sync_tenant(acme, queue)
     quota = int(redis_db.hget(queue.keys.tenant("acme"), "quota_bytes"))
     assert quota == 7 * UNIT_BYTES
+
+
+def test_deleting_an_adapter_in_the_admin_removes_it_whole(engine, source, client) -> None:
+    acme = TenantFactory.create(slug="acme")
+    adapter = adapter_register(
+        tenant=acme, name="acme-admin", base_model="tiny-lora", folder=source
+    )
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    listing = client.get("/admin/scheduler/adapter/").content.decode()
+    assert "acme-admin" in listing
+    response = client.post(f"/admin/scheduler/adapter/{adapter.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302
+    assert adapter_base(tenant=acme, name="acme-admin") is None
+    assert not files_storage().exists(f"{adapter.storage_prefix}/adapter_config.json")
