@@ -32,7 +32,10 @@ def storage_save(prefix: str, files: list[Path]) -> None:
 
 def storage_delete(prefix: str) -> None:
     storage = files_storage()
-    _, names = storage.listdir(prefix)
+    try:
+        _, names = storage.listdir(prefix)
+    except FileNotFoundError:  # on the disk: nothing was saved under it
+        return
     for name in names:
         storage.delete(f"{prefix}/{name}")
 

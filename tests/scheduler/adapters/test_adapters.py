@@ -14,7 +14,7 @@ from capacity.units import UNIT_BYTES
 from plumbing.errors import Conflict, DomainError, NotFound
 from scheduler.adapters.selectors import adapter_base, adapter_list, tenant_adapter_units
 from scheduler.adapters.services import AdapterInvalid, adapter_register, adapter_remove
-from scheduler.adapters.storage import COMPLETE, local_dir
+from scheduler.adapters.storage import COMPLETE, local_dir, storage_delete
 from scheduler.batches.storage import files_storage
 from scheduler.models import Device, DeviceKind, Engine
 from scheduler.pools.policies import (
@@ -165,3 +165,12 @@ def test_deleting_an_adapter_in_the_admin_removes_it_whole(engine, source, clien
     assert response.status_code == 302
     assert adapter_base(tenant=acme, name="acme-admin") is None
     assert not files_storage().exists(f"{adapter.storage_prefix}/adapter_config.json")
+
+
+def test_removing_an_adapter_whose_files_are_gone_still_removes_it(engine, source) -> None:
+    acme = TenantFactory.create(slug="acme")
+    adapter = adapter_register(tenant=acme, name="acme-gone", base_model="tiny-lora", folder=source)
+    storage_delete(adapter.storage_prefix)
+    files_storage().delete(adapter.storage_prefix)  # the folder itself, on the disk
+    adapter_remove(adapter=adapter)
+    assert adapter_base(tenant=acme, name="acme-gone") is None
