@@ -10,6 +10,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from scheduler.adapters.selectors import adapter_list
 from scheduler.models import EngineStatus
 from scheduler.online import admission as online
 from scheduler.selectors import engine_list
@@ -33,14 +34,20 @@ def _visible_models(request: Request, view: TenantApiView) -> list[dict[str, Any
         started = int(engine.started_at.timestamp()) if engine.started_at else int(time.time())
         if view.principal.api_key.allows_model(engine.served_model_name):
             names.setdefault(engine.served_model_name, started)
+    owners = dict.fromkeys(names, "gpushare")
+    # The tenant's own adapters of a model it sees (no other tenant's: to it they do not exist).
+    for adapter in adapter_list(tenant=tenant).filter(base_model__in=list(names)):
+        names[adapter.name] = int(adapter.created_at.timestamp())
+        owners[adapter.name] = tenant.slug
     return [
-        {"id": name, "object": "model", "created": created, "owned_by": "gpushare"}
+        {"id": name, "object": "model", "created": created, "owned_by": owners[name]}
         for name, created in sorted(names.items())
     ]
 
 
 class ModelListApi(TenantApiView):
-    """`GET /v1/models`: the models this tenant may use that have a ready engine."""
+    """`GET /v1/models`: the models this tenant may use that have a ready engine, and its
+    own LoRA adapters of them."""
 
     @extend_schema(responses=ModelOutput(many=True))
     def get(self, request: Request) -> Response:

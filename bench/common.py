@@ -357,6 +357,7 @@ def bench_platform(
     max_num_seqs: int = 32,
     offline_load_threshold: float | None = None,
     env: dict[str, str] | None = None,
+    engine_options: Sequence[str] = (),
 ) -> Iterator[BenchPlatform]:
     """A platform of its own (database, Redis database flushed, processes) with one ready
     engine; stops the engine and everything else, and drops the database, on the way out."""
@@ -377,6 +378,7 @@ def bench_platform(
         options += ["--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs)]
         if offline_load_threshold is not None:
             options += ["--offline-load-threshold", repr(offline_load_threshold)]
+        options += list(engine_options)
         platform.manage("engine", "create", model, *options)
         engine_created = True
         print("starting the engine (about a minute)...", flush=True)

@@ -333,6 +333,11 @@ GPUSHARE_VLLM_PYTHON = env_str("GPUSHARE_VLLM_PYTHON", "")
 GPUSHARE_CPU_KVCACHE_GIB = env_int("GPUSHARE_CPU_KVCACHE_GIB", 2)
 # Engine logs and process ids.
 GPUSHARE_ENGINE_DIR = Path(env_str("GPUSHARE_ENGINE_DIR", str(VAR_DIR / "engines")))
+# Where a node keeps the LoRA adapters its engines load, copied from the files storage
+# (scheduler.adapters.storage): the engines read them there.
+GPUSHARE_ADAPTER_DIR = Path(env_str("GPUSHARE_ADAPTER_DIR", str(GPUSHARE_ENGINE_DIR / "adapters")))
+# The most bytes one adapter's files may hold when it is registered.
+GPUSHARE_ADAPTER_MAX_BYTES = env_int("GPUSHARE_ADAPTER_MAX_BYTES", 2 * 1024**3)
 # The demo model scripts/make_tiny_model.py generates.
 GPUSHARE_DEMO_MODEL_DIR = Path(
     env_str("GPUSHARE_DEMO_MODEL_DIR", str(VAR_DIR / "models" / "tiny-llama"))

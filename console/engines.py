@@ -16,7 +16,9 @@ from capacity.placement import DeviceRoom, EngineDemand, plan_placement
 from console.charts import UnitBlock, unit_grid
 from console.live import MOVING_STATUSES, engine_rows, is_htmx
 from plumbing.errors import NotFound
+from plumbing.redis import redis_client
 from scheduler import worker_tasks
+from scheduler.adapters.loading import loaded_on
 from scheduler.engines.process import log_tail
 from scheduler.engines.progress import action_pending, progress_begin, progress_lines
 from scheduler.engines.supervisor import engine_log_path
@@ -122,6 +124,8 @@ def _engine_context(engine: Engine) -> dict[str, object]:
         "log_tail": log_tail(engine_log_path(engine), lines=20),
         "log_path": engine_log_path(engine),
         "moving": engine.status in MOVING_STATUSES or action_pending(engine.name),
+        # Least recently used first: the next to be unloaded when the engine is full.
+        "adapters_loaded": loaded_on(redis_client(), engine.name) if engine.max_loras else [],
     }
 
 

@@ -16,6 +16,7 @@ from console.charts import Segment, stacked_bar
 from console.reports import USAGE_RANGES, usage_charts
 from console.tenant_forms import ApiKeyCreateForm, TenantCreateForm, TenantForm, add_service_errors
 from plumbing.errors import NotFound
+from scheduler.adapters.selectors import adapter_list
 from scheduler.pools.policies import fair_queue
 from staff.access import console_permission
 from staff.roles import TENANT_LIMIT_FIELDS, Perm
@@ -84,6 +85,7 @@ def _render_detail(
         "section": "tenants",
         "tenant": tenant,
         "keys": selectors.api_key_list(tenant=tenant),
+        "adapters": adapter_list(tenant=tenant),
         "key_form": key_form,
         "allowance_bar": mark_safe(_allowance_bar(tenant)),
         "usage_range": usage_range,

@@ -175,3 +175,33 @@ class ScalingDecisionAdmin(admin.ModelAdmin[ScalingDecision]):
 
     def has_add_permission(self, request: Any) -> bool:
         return False
+
+
+from scheduler.adapters.models import Adapter  # noqa: E402
+from scheduler.adapters.services import adapter_remove  # noqa: E402
+
+
+@admin.register(Adapter)
+class AdapterAdmin(admin.ModelAdmin[Adapter]):
+    """Tenants' LoRA adapters: registered with `manage.py adapter register` (their files go
+    to the files storage); deleting one here unloads it from the engines and deletes its
+    files, as `manage.py adapter remove` does."""
+
+    list_display = ("name", "tenant", "base_model", "rank", "units_display", "created_at")
+    list_filter = ("base_model",)
+    search_fields = ("name", "tenant__slug", "base_model")
+    list_select_related = ("tenant",)
+    readonly_fields = (
+        "name", "tenant", "base_model", "rank", "size_bytes", "units", "storage_prefix",
+        "created_at",
+    )  # fmt: skip
+
+    def has_add_permission(self, request: Any) -> bool:
+        return False
+
+    def delete_model(self, request: Any, obj: Adapter) -> None:
+        adapter_remove(adapter=obj)
+
+    def delete_queryset(self, request: Any, queryset: Any) -> None:
+        for adapter in queryset:
+            adapter_remove(adapter=adapter)

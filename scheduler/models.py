@@ -127,6 +127,16 @@ class Engine(models.Model):
     offline_load_threshold = models.FloatField(
         default=0.4, help_text="Offline work runs only while its load is below this (0..1)."
     )
+    max_loras = models.PositiveSmallIntegerField(
+        default=0,
+        help_text=(
+            "LoRA adapters it holds loaded at once (vLLM's --max-loras); 0: it serves none. "
+            "Each holds a slot of its KV budget (scheduler.adapters)."
+        ),
+    )
+    max_lora_rank = models.PositiveSmallIntegerField(
+        default=16, help_text="Highest rank of an adapter it can load (vLLM's --max-lora-rank)."
+    )
     dedicated_tenant = models.ForeignKey(
         "tenants.Tenant",
         on_delete=models.PROTECT,
@@ -392,6 +402,8 @@ class Pool(models.Model):
     max_model_len = models.PositiveIntegerField(default=2048)
     max_num_seqs = models.PositiveIntegerField(default=32)
     offline_load_threshold = models.FloatField(default=0.4)
+    max_loras = models.PositiveSmallIntegerField(default=0, help_text="Its engines' --max-loras.")
+    max_lora_rank = models.PositiveSmallIntegerField(default=16)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -493,3 +505,9 @@ class PoolReservation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.pool}: {self.mode}"
+
+
+# --- LoRA adapters (scheduler.adapters) -----------------------------------------------
+
+# Defined in its subject's package, registered with the app here.
+from scheduler.adapters.models import Adapter  # noqa: E402, F401

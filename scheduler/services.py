@@ -25,6 +25,9 @@ from capacity.placement import (
 )
 from capacity.units import UNIT_BYTES, device_capacity_units, gib_to_bytes
 from plumbing.errors import DomainError
+from plumbing.redis import redis_client
+from scheduler.adapters.loading import forget_engine
+from scheduler.adapters.selectors import tenant_adapter_units
 from scheduler.gpu_inventory import GpuInfo
 from scheduler.models import (
     DecisionOutcome,
@@ -40,6 +43,9 @@ from scheduler.pools.scaling import Decision, PeakError, parse_peaks
 from scheduler.selectors import device_list, device_room, tenant_dedicated_units
 from tenants.models import Tenant
 
+# vLLM's --max-lora-rank takes one of these; --max-loras is bounded by the platform.
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+MAX_LORAS = 64
 # vLLM's VLLM_CPU_KVCACHE_SPACE takes whole GiB, so a CPU engine's footprint does too.
 CPU_UNITS_PER_GIB = (1024**3) // UNIT_BYTES
 
@@ -128,7 +134,8 @@ def _check_dedicated(*, tenant: Tenant | None, footprint_units: int, engine: Eng
         check_dedicated_quota(
             tenant=tenant.slug,
             quota_units=tenant.quota_units,
-            dedicated_units_held=tenant_dedicated_units(tenant=tenant, exclude_engine=engine),
+            dedicated_units_held=tenant_dedicated_units(tenant=tenant, exclude_engine=engine)
+            + tenant_adapter_units(tenant=tenant),
             new_units=footprint_units,
         )
     except DedicatedQuotaError as exc:
@@ -163,6 +170,8 @@ def engine_create(
     offline_load_threshold: float = 0.4,
     dedicated_tenant: Tenant | None = None,
     task: str = EngineTask.GENERATE,
+    max_loras: int = 0,
+    max_lora_rank: int = 16,
 ) -> Engine:
     """Register an engine. Without a device, placement picks one (first fit by units among
     the present devices); either way the device must have room for it beside the engines
@@ -183,6 +192,7 @@ def engine_create(
             f"of the same served model name cannot {task}.",
             param="served_model_name",
         )
+    _check_loras(max_loras=max_loras, max_lora_rank=max_lora_rank, task=task)
     if device is not None:
         device = Device.objects.select_for_update().get(pk=device.pk)
     placed = _place(name=name, footprint_units=footprint_units, device=device)
@@ -201,8 +211,22 @@ def engine_create(
         offline_load_threshold=offline_load_threshold,
         dedicated_tenant=dedicated_tenant,
         task=task,
+        max_loras=max_loras,
+        max_lora_rank=max_lora_rank,
         status=EngineStatus.STOPPED,
     )
+
+
+def _check_loras(*, max_loras: int, max_lora_rank: int, task: str) -> None:
+    if max_loras < 0 or max_loras > MAX_LORAS:
+        raise DomainError(f"max_loras must be within 0..{MAX_LORAS}.", param="max_loras")
+    if max_loras and task != EngineTask.GENERATE:
+        raise DomainError("Only an engine that generates serves LoRA adapters.", param="max_loras")
+    if max_lora_rank not in LORA_RANKS:
+        raise DomainError(
+            f"max_lora_rank must be one of {', '.join(map(str, LORA_RANKS))} (vLLM's).",
+            param="max_lora_rank",
+        )
 
 
 def engine_set_status(
@@ -233,6 +257,9 @@ def engine_set_status(
         engine.started_at = timezone.now()
         fields.append("started_at")
     engine.save(update_fields=fields)
+    if status != EngineStatus.READY and engine.max_loras:
+        # Its process, and the adapters it had loaded, are gone or going.
+        forget_engine(redis_client(), engine.name)
     return engine
 
 
@@ -260,6 +287,8 @@ POOL_PROFILE_FIELDS = (
     "max_model_len",
     "max_num_seqs",
     "offline_load_threshold",
+    "max_loras",
+    "max_lora_rank",
 )
 POOL_POLICY_FIELDS = (
     "enabled",
@@ -291,6 +320,9 @@ def _check_pool(pool: Pool) -> None:
         parse_peaks(pool.peaks)
     except PeakError as exc:
         raise DomainError(str(exc), param="peaks") from None
+    _check_loras(
+        max_loras=pool.max_loras, max_lora_rank=pool.max_lora_rank, task=EngineTask.GENERATE
+    )
     try:
         ZoneInfo(pool.timezone)
     except (ZoneInfoNotFoundError, ValueError):
@@ -362,6 +394,7 @@ def pool_add_engines(
                 footprint_units=pool.footprint_units, port=port, device=device, host=host,
                 max_model_len=pool.max_model_len, max_num_seqs=pool.max_num_seqs,
                 offline_load_threshold=pool.offline_load_threshold,
+                max_loras=pool.max_loras, max_lora_rank=pool.max_lora_rank,
             )
         )  # fmt: skip
         port += 1

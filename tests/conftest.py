@@ -27,7 +27,10 @@ def fresh_process_caches() -> None:
     from tenants import services
     from workers import dispatch
 
-    for cache in (online._routes, online._synced_tenants, services._live_keys, dispatch._engines):
+    for cache in (
+        online._routes, online._synced_tenants, online._adapters, services._live_keys,
+        dispatch._engines,
+    ):  # fmt: skip
         cache.clear()
 
 

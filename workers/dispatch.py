@@ -40,6 +40,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, TypeVar
 
 import redis
@@ -59,9 +60,13 @@ from plumbing.change_marks import cache_by_marks
 from plumbing.redis import sentinels
 from plumbing.ttlcache import TtlCache
 from scheduler import worker_tasks
+from scheduler.adapters.loading import AdapterLoads
+from scheduler.adapters.selectors import adapter_get
+from scheduler.adapters.storage import local_dir
 from scheduler.batches.feeder import batch_line_finished
 from scheduler.engines.aio_client import AsyncEngineClient
 from scheduler.engines.auth import engine_api_key
+from scheduler.engines.client import EngineRequestError
 from scheduler.models import Engine
 from scheduler.pools.policies import engine_changes, fair_queue
 from telemetry.rejections import UNRESERVED_KEY
@@ -104,6 +109,7 @@ class Dispatcher:
         self._queue: AsyncFairQueue | None = None
         self._relay: Relay | None = None
         self._reports: Inbox | None = None
+        self._adapter_loads: AdapterLoads | None = None
         self._engine_clients: dict[str, AsyncEngineClient] = {}
         self._db = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dispatch-db")
         self.ran = 0  # jobs whose run ended, since the process started
@@ -165,6 +171,7 @@ class Dispatcher:
         self._relay = Relay(self._queue)
         # What webs report of the streams this process granted them (workers/runner.py).
         self._reports = Inbox(client, self._queue.keys.inbox(f"worker-{uuid.uuid4().hex}"))
+        self._adapter_loads = AdapterLoads(client, self._adapter_dir)
         self._pickers, self.runs, self._engine_clients = {}, {}, {}
         self._watcher = self._spawn(self._watch())
         ready.set()
@@ -357,6 +364,14 @@ class Dispatcher:
                     run.stop("lost")
 
     @property
+    def adapter_loads(self) -> AdapterLoads:
+        assert self._adapter_loads is not None
+        return self._adapter_loads
+
+    async def _adapter_dir(self, name: str) -> Path:
+        return await self.in_thread(_adapter_local_dir, name)
+
+    @property
     def queue(self) -> AsyncFairQueue:
         assert self._queue is not None
         return self._queue
@@ -479,10 +494,37 @@ async def run_picked(dispatcher: Dispatcher, run: Run) -> RunResult:
         await dispatcher.in_thread(_fail_if_dead, engine)
 
     client = dispatcher.engine_client(engine)
-    return await run_job(
+    adapter = run.request.get("adapter") or ""
+
+    async def load_adapter() -> None:
+        if not engine.max_loras:
+            message = (
+                f"The model '{adapter}' cannot run on engine {engine.name}: it serves no adapters."
+            )
+            raise EngineRequestError(
+                message, status_code=404, body=wire.dumps({"message": message})
+            )
+        await dispatcher.adapter_loads.ensure(engine, client, adapter)
+
+    result = await run_job(
         queue, run, client, dispatcher.relay, on_engine_lost=engine_lost,
-        reports=dispatcher.reports,
+        reports=dispatcher.reports, before_call=load_adapter if adapter else None,
     )  # fmt: skip
+    if adapter and result.status_code == 404:
+        # The engine did not know it (restarted behind the platform's back): the next job
+        # for it loads it again.
+        await dispatcher.adapter_loads.forget(engine, adapter)
+    return result
+
+
+def _adapter_local_dir(name: str) -> Path:
+    """The adapter's folder on this node; a removed adapter's name is refused by the engine
+    as any unknown model is."""
+    adapter = adapter_get(name=name)
+    if adapter is None:
+        message = f"The model '{name}' does not exist."
+        raise EngineRequestError(message, status_code=404, body=wire.dumps({"message": message}))
+    return local_dir(adapter)
 
 
 def _fail_if_dead(engine: Engine) -> None:

@@ -28,7 +28,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,13 +187,16 @@ async def run_job(
     relay: Relay,
     on_engine_lost: Callable[[], Awaitable[None]] | None = None,
     reports: Inbox | None = None,
+    before_call: Callable[[], Awaitable[None]] | None = None,
 ) -> RunResult:
     """Runs `run`'s job on `client`'s engine; returns what happened (the ledger's row). The
     job is still reserved when this returns, unless it was requeued or given up: the caller
     releases it with the result's token counts, telling its `done_event` in the same step
     (after `relay.flush`). `on_engine_lost` runs when the engine cannot be reached, before the
     job is requeued. A run stopped by its dispatcher ends as "cancelled". With `reports` (the
-    process's inbox for webs' reports), a stream with a waiter is granted to it."""
+    process's inbox for webs' reports), a stream with a waiter is granted to it.
+    `before_call`: what must be done on the engine first (its adapter loaded); it fails as
+    the engine call would."""
     job = run.job
     result = RunResult(outcome="success")
     growth: Growth | None = None
@@ -202,6 +205,8 @@ async def run_job(
     else:
         growth = Growth(queue, job.job_id, job.attempt, job.covered_tokens)
         call = _call_engine(run, client, relay, result, growth)
+    if before_call is not None:
+        call = _after(before_call, call)
     try:
         run.call = asyncio.ensure_future(call)
         if run.stopped:
@@ -229,6 +234,15 @@ async def run_job(
         relay.publish(run, {"event": "error", "status": 500, "body": result.error_body})
     result.finished_at = time.time()
     return result
+
+
+async def _after(first: Callable[[], Awaitable[None]], call: Coroutine[Any, Any, None]) -> None:
+    try:
+        await first()
+    except BaseException:
+        call.close()  # never started
+        raise
+    await call
 
 
 def _charge_cut_short(run: Run, result: RunResult, pieces: int) -> None:

@@ -50,6 +50,7 @@ from protocol.inference import (
     split_prompts,
 )
 from scheduler import worker_tasks
+from scheduler.adapters.selectors import adapter_base
 from scheduler.batches.files import file_create, file_get, file_lines, file_open
 from scheduler.batches.objects import output_record, stop_error
 from scheduler.batches.validation import (
@@ -341,7 +342,9 @@ class _Feeder:
 
     def feed_model(self, model: str, lines: list[BatchLine]) -> bool:
         """False when feeding must stop for this tick (limits, budget)."""
-        route = route_for(tenant=self.batch.tenant, served_model_name=model)
+        # A line may name the tenant's adapter: it runs on its base model's engines.
+        base = adapter_base(tenant=self.batch.tenant, name=model)
+        route = route_for(tenant=self.batch.tenant, served_model_name=base or model)
         if route is None:
             return True  # no ready engine of this model now: its lines wait
         endpoint = ENDPOINTS_BY_PATH[self.batch.endpoint]
@@ -355,14 +358,19 @@ class _Feeder:
         counts = [[reserved_prompt_tokens(p) for p in split_prompts(r)] for r in requests]
         try:
             for line, request, prompt_tokens in zip(lines, requests, counts, strict=True):
-                if not self._feed_line(line, request, prompt_tokens, route):
+                if not self._feed_line(line, request, prompt_tokens, route, bool(base)):
                     return False
             return True
         finally:
             self.flush()
 
     def _feed_line(
-        self, line: BatchLine, request: InferenceRequest, prompt_tokens: list[int], route: Route
+        self,
+        line: BatchLine,
+        request: InferenceRequest,
+        prompt_tokens: list[int],
+        route: Route,
+        adapter: bool = False,
     ) -> bool:
         try:
             longest = max(prompt_tokens)
@@ -397,6 +405,7 @@ class _Feeder:
             "cache_group": tenant.cache_group,
             "api_key_id": self.batch.api_key_id,
             "model": request.model,
+            "adapter": request.model if adapter else "",  # loaded on its engine first
             "admission": admission.settling_fields(),
             "received_at": self.now.timestamp(),
             "batch_id": self.batch.public_id,

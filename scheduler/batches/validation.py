@@ -17,6 +17,7 @@ from protocol.inference import (
     InvalidRequest,
     parse_inference_request,
 )
+from scheduler.adapters.selectors import adapter_base
 from scheduler.models import (
     Engine,
     EngineTask,
@@ -194,25 +195,27 @@ def model_check(tenant: Tenant, endpoint_path: str, api_key: ApiKey | None = Non
         EngineTask.EMBED if endpoint_path == ENDPOINT_PATHS["embeddings"] else EngineTask.GENERATE
     )
 
-    def check(model: str) -> tuple[str, str] | None:
-        if model not in known:
+    def check(name: str) -> tuple[str, str] | None:
+        if name not in known:
+            # The tenant's own adapter runs on its base model; another's is an unknown name.
+            model = adapter_base(tenant=tenant, name=name) or name
             engines = Engine.objects.filter(served_model_name=model)
             if not tenant.allows_model(model):
-                known[model] = (
+                known[name] = (
                     "model_not_allowed",
-                    f"Tenant '{tenant.slug}' may not use model '{model}'.",
+                    f"Tenant '{tenant.slug}' may not use model '{name}'.",
                 )
             elif api_key is not None and not api_key.allows_model(model):
-                known[model] = ("model_not_allowed", f"This key may not use model '{model}'.")
+                known[name] = ("model_not_allowed", f"This key may not use model '{name}'.")
             elif not engines.exists():
-                known[model] = ("model_not_found", f"The model '{model}' does not exist.")
+                known[name] = ("model_not_found", f"The model '{name}' does not exist.")
             elif not engines.filter(task=task).exists():
-                known[model] = (
+                known[name] = (
                     "model_not_supported",
-                    f"The model '{model}' does not support {endpoint_path}.",
+                    f"The model '{name}' does not support {endpoint_path}.",
                 )
             else:
-                known[model] = None
-        return known[model]
+                known[name] = None
+        return known[name]
 
     return check

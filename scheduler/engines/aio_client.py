@@ -92,6 +92,18 @@ class AsyncEngineClient:
         answer: dict[str, Any] = wire.loads(raw)
         return answer
 
+    async def control(self, path: str, body: dict[str, Any]) -> tuple[int, str]:
+        """POST a control call (an adapter's load or unload): its status and body, as the
+        engine answered; EngineUnavailable where it could not be reached."""
+        url = self.base_url + path
+        try:
+            async with self._session.post(
+                url, data=wire.dumps_bytes(body), headers=_with(None)
+            ) as r:
+                return r.status, (await r.read()).decode("utf-8", "replace")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise EngineUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
+
     async def _read_whole(self, response: aiohttp.ClientResponse) -> bytes:
         """The body, refused past `max_answer_bytes` before more of it is read (leaving the
         call closes its connection: vLLM aborts the request)."""

@@ -72,6 +72,8 @@ class EngineLaunch:
     device_index: int
     device_memory_bytes: int
     task: str = "generate"  # or "embed" (scheduler.models.EngineTask)
+    max_loras: int = 0  # adapters loaded at once; 0: LoRA off
+    max_lora_rank: int = 16
 
 
 @dataclass(frozen=True)
@@ -130,6 +132,18 @@ def build_launch(
         # vLLM's pooling runner serves /v1/embeddings; a generative checkpoint is adapted to
         # embed (its default conversion), an embedding model runs as it is.
         argv += ["--runner", "pooling"]
+    if launch.max_loras > 0:
+        # The platform loads and unloads adapters at run time (scheduler.adapters.loading),
+        # never more than max_loras at once; the engine's CPU cache holds as many.
+        argv += [
+            "--enable-lora",
+            "--max-loras",
+            str(launch.max_loras),
+            "--max-cpu-loras",
+            str(launch.max_loras),
+            "--max-lora-rank",
+            str(launch.max_lora_rank),
+        ]
     env = {
         **engine_env(base_env),
         **OFFLINE_ENV,
@@ -139,6 +153,8 @@ def build_launch(
         "PYTHONPATH": str(ENGINE_SIDE_DIR),
         "PYTHONSAFEPATH": "1",
     }
+    if launch.max_loras > 0:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"  # /v1/load_lora_adapter and unload
     if home is not None:
         env["HOME"] = home
     if metrics_token:

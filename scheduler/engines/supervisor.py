@@ -295,6 +295,8 @@ def _launch(engine: Engine) -> int:
             device_index=engine.device.index,
             device_memory_bytes=engine.device.memory_bytes,
             task=engine.task,
+            max_loras=engine.max_loras,
+            max_lora_rank=engine.max_lora_rank,
         ),
         python=str(python),
         base_env=os.environ,

@@ -20,7 +20,7 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, TypeVar
 
@@ -55,6 +55,7 @@ from protocol.inference import (
     upper_token_estimate,
 )
 from scheduler import worker_tasks
+from scheduler.adapters.selectors import adapter_base
 from scheduler.engines.auth import engine_auth_headers
 from scheduler.models import Engine, EngineTask
 from scheduler.online.granted import GrantedStream
@@ -127,6 +128,10 @@ _routes: TtlCache[Route | None] = cache_by_marks(2.0, engine_changes)
 # and at least every GPUSHARE_CHANGE_RECHECK_S (a queue that lost it is re-taught on the
 # spot, see _enqueue).
 _synced_tenants: TtlCache[None] = cache_by_marks(5.0, tenant_changes, engine_changes)
+# A tenant's adapters by name (their base model's name, None for any other name): read again
+# after 5 s only if a tenant's row or an adapter changed since (an adapter removed is refused
+# within 5 s).
+_adapters: TtlCache[str | None] = cache_by_marks(5.0, tenant_changes)
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,7 @@ class _Prepared:
     request: InferenceRequest
     request_class: str
     route: Route
+    adapter: bool = False  # the model is the tenant's adapter of the route's model
 
 
 def check_body_size(size: int) -> None:
@@ -199,19 +205,24 @@ def _prepare(
             f"(allowed: {', '.join(tenant.allowed_classes)}).",
             code="class_not_allowed",
         )
-    if not api_key.allows_model(request.model):
-        whose = f"Tenant '{tenant.slug}'" if not tenant.allows_model(request.model) else "This key"
+    # The tenant's own adapter of this name runs on its base model's engines; another
+    # tenant's is, to this one, a name no model has.
+    adapter = _adapters.get_or_compute(
+        (tenant.pk, request.model), lambda: adapter_base(tenant=tenant, name=request.model)
+    )
+    model = adapter or request.model
+    if not api_key.allows_model(model):
+        whose = f"Tenant '{tenant.slug}'" if not tenant.allows_model(model) else "This key"
         raise Forbidden(
             f"{whose} may not use model '{request.model}'.",
             param="model",
             code="model_not_allowed",
         )
     route = _routes.get_or_compute(
-        (tenant.pk, request.model),
-        lambda: route_for(tenant=tenant, served_model_name=request.model),
+        (tenant.pk, model), lambda: route_for(tenant=tenant, served_model_name=model)
     )
-    if route is None:
-        if not Engine.objects.filter(served_model_name=request.model).exists():
+    if route is None or (adapter and not route.engine.max_loras):
+        if not Engine.objects.filter(served_model_name=model).exists():
             raise ModelNotFound(f"The model '{request.model}' does not exist.", param="model")
         raise Unavailable(f"No engine of '{request.model}' is ready; retry shortly.")
     embeds = route.engine.task == EngineTask.EMBED
@@ -222,7 +233,7 @@ def _prepare(
             param="model",
             code="model_not_supported",
         )
-    return _Prepared(api_key, request, request_class, route)
+    return _Prepared(api_key, request, request_class, route, adapter is not None)
 
 
 class _LoopState(NamedTuple):
@@ -404,6 +415,8 @@ async def _enqueue(
         "cache_group": tenant.cache_group,
         "api_key_id": api_key.pk,
         "model": request.model,
+        # The engine must hold it before it is called (scheduler.adapters.loading).
+        "adapter": request.model if prepared.adapter else "",
         "admission": admission.settling_fields(),  # flat: no deep copy, as asdict makes
         "received_at": received_at,
     }
@@ -561,7 +574,10 @@ async def _admit(
     engine, state = prepared.route.engine, _loop_state()
     # Before the limits count the request: a policy not yet cached is written first.
     await _here_or_in_thread(_sync_policy, prepared.api_key, state.queue.queue)
-    parts = split_prompts(request)
+    # An adapter's prompt is counted by its base model (its tokenizer), which the engine
+    # serves whether or not it holds the adapter yet.
+    counted = replace(request, model=engine.served_model_name) if prepared.adapter else request
+    parts = split_prompts(counted)
     if len(parts) == 1 and (known := known_prompt_tokens(parts[0], engine)) is not None:
         prompt_tokens = [known]
         max_tokens = bounded_max_tokens(request, known, engine.max_model_len)

@@ -31,6 +31,8 @@ from fairqueue.domain import (
 from fairqueue.queue import FairQueue
 from plumbing.change_marks import ChangeMark
 from plumbing.redis import redis_client
+from scheduler.adapters.loading import forget_engine
+from scheduler.adapters.selectors import engine_adapter_slot_units, tenant_adapter_units
 from scheduler.models import Engine, EngineStatus
 from scheduler.reservation.modes import pool_reservation
 from scheduler.seats.bounds import controller_settings, pool_bounds
@@ -69,13 +71,19 @@ def model_kv_bytes_per_token(model_path: str) -> int:
 
 
 def engine_kv_budget_bytes(engine: Engine) -> int:
-    return (engine.kv_capacity_tokens or 0) * model_kv_bytes_per_token(engine.model_path)
+    """What the engine's picks may reserve: its KV capacity less its adapter slots, so that
+    the adapters it may load never take KV a reservation counts on
+    (docs/decisions/0015-lora-adapters-per-tenant.md)."""
+    kv = (engine.kv_capacity_tokens or 0) * model_kv_bytes_per_token(engine.model_path)
+    return max(0, kv - units_to_bytes(engine_adapter_slot_units(engine)))
 
 
 def sync_tenant(tenant: Tenant, queue: FairQueue | None = None) -> None:
     """The tenant's policy for KV reservations: its quota less what its dedicated engines
-    hold (a dedicated engine's whole footprint counts against the quota)."""
-    kv_units = max(0, tenant.quota_units - tenant_dedicated_units(tenant=tenant))
+    and its adapters hold (a dedicated engine's whole footprint, and every registered
+    adapter's units, count against the quota)."""
+    held = tenant_dedicated_units(tenant=tenant) + tenant_adapter_units(tenant=tenant)
+    kv_units = max(0, tenant.quota_units - held)
     (queue or fair_queue()).set_tenant_policy(
         tenant.slug,
         TenantPolicy(
@@ -91,6 +99,8 @@ def sync_engine(engine: Engine, queue: FairQueue | None = None) -> None:
     queue = queue or fair_queue()
     if engine.status != EngineStatus.READY or not engine.kv_capacity_tokens:
         queue.remove_engine(engine.name)
+        if engine.max_loras:
+            forget_engine(queue.redis, engine.name)  # what it had loaded is gone with it
         return
     load = queue.redis.hget(queue.keys.engine(engine.name), "load")
     pool = engine_pool(engine)

@@ -15,6 +15,7 @@ from django.test import Client
 
 from capacity.units import GIB
 from fairqueue import EnginePolicy, TenantPolicy
+from scheduler.adapters.loading import loaded_key
 from scheduler.engines.progress import action_pending, progress_begin, progress_lines
 from scheduler.engines.supervisor import EngineStartError
 from scheduler.models import Device, DeviceKind, Engine, EngineStatus
@@ -351,3 +352,16 @@ def test_the_queues_fragment_is_the_live_part(console: Client, fleet: Fleet):
 
     assert html.lstrip().startswith('<div id="queues-live"')
     assert "<header" not in html
+
+
+def test_an_engines_page_shows_the_adapters_it_holds_oldest_first(
+    console: Client, fleet: Fleet, redis_db: redis.Redis
+):
+    Engine.objects.filter(pk=fleet.stopped.pk).update(max_loras=2, max_lora_rank=8)
+    redis_db.zadd(loaded_key(fleet.stopped.name), {"acme-b": 2.0, "acme-a": 1.0})
+    html = console.get("/console/engines/qwen-c/").content.decode()
+    assert (
+        "up to 2 loaded, rank &le; 8; holds <code>acme-a</code>, <code>acme-b</code> "
+        "(least recently used first)"
+    ) in html
+    assert 'id="adapters"' not in console.get("/console/engines/llama-a/").content.decode()

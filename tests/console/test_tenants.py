@@ -9,6 +9,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from redis import Redis
 
+from scheduler.adapters.models import Adapter
 from tenants.models import ApiKey, Tenant
 from tenants.services import IssuedKey, api_key_create, api_key_revoke
 
@@ -300,3 +301,19 @@ def test_a_taken_slug_is_refused(console: Client, owner: Tenant):
 )
 def test_the_units_preview_names_the_memory_a_count_means(console: Client, query: str, shown: str):
     assert console.get(f"/console/units/?{query}").content.decode() == shown
+
+
+def test_the_tenant_page_lists_its_adapters_held_against_its_quota(
+    console: Client, owner: Tenant, outsider: Tenant
+):
+    for tenant, name in ((owner, "acme-support"), (outsider, "theirs")):
+        Adapter.objects.create(
+            name=name, tenant=tenant, base_model="llama", rank=8, size_bytes=1000, units=1,
+            storage_prefix=f"adapters/{tenant.pk}/x",
+        )  # fmt: skip
+    page = console.get("/console/tenants/acme/").content.decode()
+    adapters = re.search(r'<dd id="adapters">(.*?)</dd>', page)
+    assert adapters is not None
+    assert adapters.group(1) == (
+        "<code>acme-support</code> of llama (1 unit = 0.25 GiB), held against the quota"
+    )

@@ -52,6 +52,13 @@ class Command(BaseCommand):
         create.add_argument("--max-model-len", type=int, default=2048)
         create.add_argument("--max-num-seqs", type=int, default=32)
         create.add_argument("--offline-load-threshold", type=float, default=0.4)
+        create.add_argument(
+            "--max-loras",
+            type=int,
+            default=0,
+            help="LoRA adapters loaded at once (0: serves none); each takes a slot of its KV",
+        )
+        create.add_argument("--max-lora-rank", type=int, default=16)
         create.add_argument("--dedicated-to", default=None, help="tenant slug; default: shared")
         create.add_argument(
             "--task",
@@ -118,6 +125,8 @@ class Command(BaseCommand):
             offline_load_threshold=options["offline_load_threshold"],
             dedicated_tenant=tenant,
             task=options["task"],
+            max_loras=options["max_loras"],
+            max_lora_rank=options["max_lora_rank"],
         )
         self.stdout.write(f"Registered engine '{engine.name}' on {engine.device.key}.")
         self._show(engine)
@@ -147,6 +156,10 @@ class Command(BaseCommand):
             f"max_num_seqs {engine.max_num_seqs}\n"
             f"  log       {engine_log_path(engine)}"
         )
+        if engine.max_loras:
+            self.stdout.write(
+                f"  adapters  up to {engine.max_loras} loaded, rank <= {engine.max_lora_rank}"
+            )
         if engine.status_detail:
             self.stdout.write(f"  detail    {engine.status_detail}")
         if engine.health_misses:

@@ -53,6 +53,8 @@ POLICY_OPTIONS = {
     "max_model_len": "max_model_len",
     "max_num_seqs": "max_num_seqs",
     "offline_load_threshold": "offline_load_threshold",
+    "max_loras": "max_loras",
+    "max_lora_rank": "max_lora_rank",
     "model": "model_path",
     "units": "footprint_units",
 }
@@ -126,6 +128,8 @@ class Command(BaseCommand):
             command.add_argument("--max-model-len", type=int)
             command.add_argument("--max-num-seqs", type=int)
             command.add_argument("--offline-load-threshold", type=float)
+            command.add_argument("--max-loras", type=int, help="LoRA adapters loaded at once")
+            command.add_argument("--max-lora-rank", type=int)
         setter.add_argument("--enable", dest="enabled", action="store_true", default=None)
         setter.add_argument("--disable", dest="enabled", action="store_false")
         add = sub.add_parser("add-engines", help="register engines from the launch profile")
@@ -304,6 +308,11 @@ class Command(BaseCommand):
             f"({pool.timezone}, started {pool.peak_lead_s} s ahead)\n"
             f"  profile   {pool.model_path}, {pool.footprint_units} units, max_model_len "
             f"{pool.max_model_len}, max_num_seqs {pool.max_num_seqs}"
+            + (
+                f", max_loras {pool.max_loras} (rank <= {pool.max_lora_rank})"
+                if pool.max_loras
+                else ""
+            )
         )
         engines = list(pool_engines(pool=pool))
         listed = ", ".join(f"{e.name} {e.status}" for e in engines) or "none registered"

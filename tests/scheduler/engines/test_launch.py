@@ -82,6 +82,19 @@ def test_an_embed_engine_runs_vllms_pooling_runner() -> None:
     assert "--runner" not in plain.argv
 
 
+def test_an_engine_with_adapter_slots_loads_them_at_run_time() -> None:
+    spec = build_launch(
+        launch(max_loras=3, max_lora_rank=8), python="/venv/bin/python", base_env={}, api_key="k"
+    )
+    at = spec.argv.index("--enable-lora")
+    args = dict(zip(spec.argv[at + 1 :: 2], spec.argv[at + 2 :: 2], strict=True))
+    assert args == {"--max-loras": "3", "--max-cpu-loras": "3", "--max-lora-rank": "8"}
+    assert spec.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+    plain = build_launch(launch(), python="/venv/bin/python", base_env={}, api_key="k")
+    assert "--enable-lora" not in plain.argv
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain.env
+
+
 def test_a_gpu_engine_gets_its_units_as_a_fraction_of_its_card() -> None:
     spec = build_launch(
         launch(device_kind="gpu", device_index=3, footprint_units=80, device_memory_bytes=80 * GIB),

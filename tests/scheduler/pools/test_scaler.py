@@ -124,6 +124,18 @@ def test_a_stopped_engine_takes_the_pools_current_profile_before_it_starts(pool)
     assert (engine.max_num_seqs, engine.footprint_units) == (24, 8)
 
 
+def test_a_pools_engines_take_its_adapter_slots(pool):
+    pool_update(pool=pool, max_loras=3, max_lora_rank=8)
+    engine = pool_add_engines(pool=pool, count=1, first_port=9100)[0]
+    assert (engine.max_loras, engine.max_lora_rank) == (3, 8)
+    pool_update(pool=pool, max_loras=2)
+    pool_apply_profile(pool=pool, engine=engine)
+    engine.refresh_from_db()
+    assert engine.max_loras == 2
+    with pytest.raises(DomainError, match="max_lora_rank must be one of"):
+        pool_update(pool=pool, max_lora_rank=12)
+
+
 def test_a_pool_refuses_bad_peaks_time_zones_and_sizes(pool):
     with pytest.raises(DomainError, match="days"):
         pool_update(pool=pool, peaks=[{"start": "08:00", "end": "09:00", "days": [9]}])
