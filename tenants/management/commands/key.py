@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from audit.commands import AuditedCommand
 from plumbing.errors import DomainError
 from protocol.classes import REQUEST_CLASSES, RequestClass
 from tenants import selectors, services
@@ -28,7 +29,7 @@ def key_as_dict(api_key: ApiKey) -> dict[str, Any]:
     }
 
 
-class Command(BaseCommand):
+class Command(AuditedCommand):
     help = "Create, revoke and list tenants' API keys."
 
     def add_arguments(self, parser: CommandParser) -> None:
