@@ -9,6 +9,7 @@ from django.contrib import admin
 from django.db import models
 from django.http import HttpRequest
 
+from audit.context import actor_of_request
 from audit.models import AuditEvent
 from audit.services import audit_record, snapshot
 
@@ -24,14 +25,22 @@ class AuditedAdmin(admin.ModelAdmin[_M]):
         super().save_model(request, obj, form, change)
         verb = "update" if change else "create"
         audit_record(
-            action=f"{_name(obj)}.{verb}", instance=obj, before=before, after=snapshot(obj)
+            action=f"{_name(obj)}.{verb}",
+            instance=obj,
+            before=before,
+            after=snapshot(obj),
+            actor=actor_of_request(request),
         )
 
     def delete_model(self, request: HttpRequest, obj: _M) -> None:
         before, pk = snapshot(obj), str(obj.pk)
         super().delete_model(request, obj)
         audit_record(
-            action=f"{_name(obj)}.delete", object_type=_name(obj), object_id=pk, before=before
+            action=f"{_name(obj)}.delete",
+            object_type=_name(obj),
+            object_id=pk,
+            before=before,
+            actor=actor_of_request(request),
         )
 
     def delete_queryset(self, request: HttpRequest, queryset: Any) -> None:

@@ -134,8 +134,8 @@ def alert_send(crossing: Crossing) -> None:
 def _subject(payload: dict[str, Any]) -> str:
     scope = payload["tenant"] + (f" key {payload['api_key']['name']}" if payload["api_key"] else "")
     return (
-        f"[gpushare] {scope}: {payload['threshold_percent']}% of the {payload['period']}ly "
-        "budget spent"
+        f"[gpushare] {scope}: {payload['threshold_percent']}% of the budget per "
+        f"{payload['period']} spent"
     )
 
 

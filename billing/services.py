@@ -138,6 +138,7 @@ def budget_set(*, tenant: Tenant, api_key: ApiKey | None = None, **fields: Any) 
     if before is not None and {"amount", "period", "hard_stop"} & set(fields):
         budget.exhausted_until = None  # the next budget check decides again
     budget.save()
+    budget.refresh_from_db()  # the stored values (decimals at their places) for the log
     audit_record(
         action="budget.create" if before is None else "budget.update",
         instance=budget,

@@ -23,12 +23,14 @@ from tests.support.sent_tasks import SentTasks
 def fresh_process_caches() -> None:
     """Each test starts with the request path's per-process caches empty: an entry a test
     left (a route to an engine whose row was rolled back) would otherwise outlive it."""
+    from billing import stops
     from scheduler.online import admission as online
     from tenants import services
     from workers import dispatch
 
     for cache in (online._routes, online._synced_tenants, services._live_keys, dispatch._engines):
         cache.clear()
+    stops.clear_cache()
 
 
 @pytest.fixture

@@ -25,8 +25,9 @@ def price(model: str = "m", i: str = "0", o: str = "0", u: str = "0", at: dateti
 
 
 def test_cost_is_tokens_times_prices_per_million_plus_unit_hours_times_their_price():
-    usage = Usage(requests=3, prompt_tokens=1_500_000, completion_tokens=250_000,
-                  unit_seconds=5400.0)  # fmt: skip
+    usage = Usage(
+        requests=3, prompt_tokens=1_500_000, completion_tokens=250_000, unit_seconds=5400.0
+    )
     # 1.5 M x 0.50 + 0.25 M x 2.00 + 1.5 unit-hours x 0.10 = 0.75 + 0.50 + 0.15
     assert cost(usage, price(i="0.50", o="2.00", u="0.10")) == Decimal("1.40")
 
@@ -44,11 +45,13 @@ def test_no_price_costs_nothing_and_usage_adds_up():
 
 
 def test_the_price_book_answers_the_version_in_effect_and_falls_back_to_any_model():
-    book = PriceBook([
-        price("m", i="1", at=T0),
-        price("m", i="2", at=T0 + timedelta(hours=5)),
-        price("*", i="9", at=T0),
-    ])  # fmt: skip
+    book = PriceBook(
+        [
+            price("m", i="1", at=T0),
+            price("m", i="2", at=T0 + timedelta(hours=5)),
+            price("*", i="9", at=T0),
+        ]
+    )
     assert book.at("m", T0 - timedelta(hours=1)) is None  # before any version
     found = book.at("m", T0 + timedelta(hours=4))
     assert found is not None

@@ -20,8 +20,13 @@ DAY = (T0 - timedelta(hours=10), T0 + timedelta(hours=14))
 
 @pytest.fixture
 def prices(db: None) -> None:
-    price_set(model="llama", input_per_million="1", output_per_million="4", unit_hour="0.5",
-              effective_from=T0 - timedelta(days=1))  # fmt: skip
+    price_set(
+        model="llama",
+        input_per_million="1",
+        output_per_million="4",
+        unit_hour="0.5",
+        effective_from=T0 - timedelta(days=1),
+    )
     price_set(model="*", input_per_million="10", effective_from=T0 - timedelta(days=1))
 
 
