@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from django.test import Client
 from django.urls import reverse
 
+from audit.models import AuditEvent
 from billing.services import budget_set, price_set
 from tenants.models import Tenant
 from tenants.services import IssuedKey, tenant_update
@@ -46,3 +47,15 @@ def test_the_audit_page_shows_changes_filtered_by_action(console: Client, owner:
     filtered = console.get(reverse("console:audit"), {"action": "price."}).content.decode()
     assert 'data-action="price.set"' in filtered
     assert 'data-action="tenant.update"' not in filtered
+
+
+def test_an_engine_drained_from_the_console_is_in_the_audit_log(console: Client, engine):
+    console.post("/console/engines/llama-a/drain/", REMOTE_ADDR="192.0.2.7")
+    event = AuditEvent.objects.get(action="engine.drain")
+    assert (event.object_id, event.actor, event.via, event.remote_addr) == (
+        "llama-a",
+        "operator",
+        "console",
+        "192.0.2.7",
+    )
+    assert event.after == {"status": "draining"}
