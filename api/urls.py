@@ -5,11 +5,12 @@ from django.urls import path
 
 # auth_schema: how the schema describes the API's credentials (drf-spectacular extensions,
 # registered when imported).
-from api import admin, auth_schema, batches, files, served_models, usage  # noqa: F401
+from api import admin, audit, auth_schema, batches, billing, files, served_models, usage  # noqa: F401
 
 openai_urlpatterns = [
     path("me", admin.WhoAmIApi.as_view(), name="v1-me"),
     path("usage", usage.OwnUsageApi.as_view(), name="v1-usage"),
+    path("spend", billing.OwnSpendApi.as_view(), name="v1-spend"),
     path("models", served_models.ModelListApi.as_view(), name="v1-models"),
     path("models/<path:model>", served_models.ModelDetailApi.as_view(), name="v1-model"),
     path("files", files.FileListCreateApi.as_view(), name="v1-files"),
@@ -39,4 +40,14 @@ admin_api_urlpatterns = [
     path(
         "tenants/<slug:slug>/usage/csv/", usage.UsageReportCsvApi.as_view(), name="tenant-usage-csv"
     ),
+    path("tenants/<slug:slug>/spend/", billing.TenantSpendApi.as_view(), name="tenant-spend"),
+    path("tenants/<slug:slug>/budget/", billing.TenantBudgetApi.as_view(), name="tenant-budget"),
+    path(
+        "tenants/<slug:slug>/keys/<int:key_id>/budget/",
+        billing.KeyBudgetApi.as_view(),
+        name="tenant-key-budget",
+    ),
+    path("prices/", billing.PriceListCreateApi.as_view(), name="price-list"),
+    path("prices/<path:model>/", billing.PriceDetailApi.as_view(), name="price-detail"),
+    path("audit/", audit.AuditApi.as_view(), name="audit"),
 ]

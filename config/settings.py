@@ -60,7 +60,9 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "staff",
+    "audit",
     "tenants",
+    "billing",
     "scheduler",
     "telemetry",
     "console",
@@ -78,6 +80,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Who changes what, for the audit log (audit/context.py).
+    "audit.middleware.AuditActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -498,6 +502,27 @@ GPUSHARE_TENANT_MAX_STORED_BYTES = env_int("GPUSHARE_TENANT_MAX_STORED_BYTES", 1
 GPUSHARE_TENANT_MAX_ACTIVE_BATCHES = env_int("GPUSHARE_TENANT_MAX_ACTIVE_BATCHES", 16)
 # The most ledger rows one `GET /v1/usage` reads: a longer range is refused (400 bad_period).
 GPUSHARE_USAGE_MAX_ROWS = env_int("GPUSHARE_USAGE_MAX_ROWS", 500_000)
+
+# Money (docs/PRICES.md): the currency prices and budgets are in (a label: nothing converts),
+# how often the budget check compares spend with the budgets, and the budget webhooks'
+# signing secret (empty: unsigned) and timeout.
+GPUSHARE_CURRENCY = env_str("GPUSHARE_CURRENCY", "USD")
+GPUSHARE_BUDGET_CHECK_INTERVAL_S = env_float("GPUSHARE_BUDGET_CHECK_INTERVAL_S", 60.0)
+GPUSHARE_BUDGET_WEBHOOK_SECRET = env_str("GPUSHARE_BUDGET_WEBHOOK_SECRET", "")
+GPUSHARE_BUDGET_WEBHOOK_TIMEOUT_S = env_float("GPUSHARE_BUDGET_WEBHOOK_TIMEOUT_S", 5.0)
+# Budget alerts' email: Django's SMTP backend when DJANGO_EMAIL_HOST is set, else the
+# console backend (the alert is written to the worker's log).
+EMAIL_HOST = env_str("DJANGO_EMAIL_HOST", "")
+EMAIL_BACKEND = (
+    "django.core.mail.backends.smtp.EmailBackend"
+    if EMAIL_HOST
+    else "django.core.mail.backends.console.EmailBackend"
+)
+EMAIL_PORT = env_int("DJANGO_EMAIL_PORT", 587)
+EMAIL_HOST_USER = env_str("DJANGO_EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("DJANGO_EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("DJANGO_EMAIL_USE_TLS", True)
+DEFAULT_FROM_EMAIL = env_str("DJANGO_DEFAULT_FROM_EMAIL", "gpushare@localhost")
 GPUSHARE_BATCH_MAX_LINES = env_int("GPUSHARE_BATCH_MAX_LINES", 50_000)
 # Lines of one batch in the fair queue (waiting or running) at once: the rest wait in the
 # database, so a 50,000-line file never sits in Redis whole.
@@ -543,6 +568,7 @@ GPUSHARE_SCALER_PENDING_TIMEOUT_S = env_float(
     "GPUSHARE_SCALER_PENDING_TIMEOUT_S", GPUSHARE_ENGINE_START_TIMEOUT_S + 300.0
 )
 CELERY_IMPORTS.append("workers.scaling_tasks")
+CELERY_IMPORTS.append("workers.billing_tasks")
 
 # --- The periodic tick ---------------------------------------------------------------
 # Each worker process runs the frequent periodic jobs (ledger flush, housekeeping, batch

@@ -12,6 +12,7 @@ from django.shortcuts import redirect, render
 from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_POST
 
+from audit.services import audit_record
 from capacity.placement import DeviceRoom, EngineDemand, plan_placement
 from console.charts import UnitBlock, unit_grid
 from console.live import MOVING_STATUSES, engine_rows, is_htmx
@@ -179,4 +180,6 @@ def engine_action(request: HttpRequest, name: str, action: str) -> HttpResponseR
         messages.success(request, f"Stopping {engine.name} (a ready engine drains first).")
     else:
         raise Http404(f"No engine action '{action}'.")
+    audit_record(action=f"engine.{action}", instance=engine, object_id=engine.name,
+                 after={"status": engine.status})  # fmt: skip
     return redirect("console:engine", name=engine.name)

@@ -12,6 +12,7 @@ from django.utils.safestring import mark_safe
 from django.views.decorators.http import require_http_methods, require_POST
 
 from capacity.units import bytes_to_units_exact, format_units
+from console.billing import tenant_spend
 from console.charts import Segment, stacked_bar
 from console.reports import USAGE_RANGES, usage_charts
 from console.tenant_forms import ApiKeyCreateForm, TenantCreateForm, TenantForm, add_service_errors
@@ -91,6 +92,7 @@ def _render_detail(
         "usage_range": usage_range,
         "usage_ranges": [(key, label) for key, (_, _, label) in USAGE_RANGES.items()],
         "usage": usage_charts(tenant, usage_range),
+        "spend": tenant_spend(tenant),
     }
     return render(request, "console/tenants/detail.html", context, status=status)
 

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from django.urls import path
 
-from console import batches, engines, overview, planner, queues, reports, request_lookup, tenants
+from console import (
+    audit_log,
+    batches,
+    billing,
+    engines,
+    overview,
+    planner,
+    queues,
+    reports,
+    request_lookup,
+    tenants,
+)
 
 app_name = "console"
 
@@ -34,4 +45,6 @@ urlpatterns = [
     path("reports/", reports.reports_view, name="reports"),
     path("requests/", request_lookup.request_lookup, name="request-lookup"),
     path("planner/", planner.planner, name="planner"),
+    path("prices/", billing.prices, name="prices"),
+    path("audit/", audit_log.audit_log, name="audit"),
 ]

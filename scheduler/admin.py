@@ -2,6 +2,7 @@ from typing import Any
 
 from django.contrib import admin
 
+from audit.admin import AuditedAdmin
 from capacity.units import format_units
 from scheduler.batches.objects import batch_object, batch_progress_percent
 from scheduler.batches.selectors import batch_list_for_staff
@@ -35,7 +36,7 @@ class DeviceAdmin(admin.ModelAdmin[Device]):
 
 
 @admin.register(Engine)
-class EngineAdmin(admin.ModelAdmin[Engine]):
+class EngineAdmin(AuditedAdmin[Engine]):
     list_display = (
         "name",
         "served_model_name",
@@ -140,7 +141,7 @@ from scheduler.models import Pool, ScalingDecision  # noqa: E402
 
 
 @admin.register(Pool)
-class PoolAdmin(admin.ModelAdmin[Pool]):
+class PoolAdmin(AuditedAdmin[Pool]):
     list_display = (
         "served_model_name",
         "enabled",

@@ -15,6 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.text import slugify
 
+from audit.services import audit_record, snapshot
 from capacity.placement import (
     DedicatedQuotaError,
     EngineDemand,
@@ -198,7 +199,7 @@ def engine_create(
     placed = _place(name=name, footprint_units=footprint_units, device=device)
     _check_footprint(device=placed, footprint_units=footprint_units)
     _check_dedicated(tenant=dedicated_tenant, footprint_units=footprint_units, engine=None)
-    return Engine.objects.create(
+    engine = Engine.objects.create(
         name=name,
         model_path=model_path,
         served_model_name=served_model_name,
@@ -215,6 +216,8 @@ def engine_create(
         max_lora_rank=max_lora_rank,
         status=EngineStatus.STOPPED,
     )
+    audit_record(action="engine.create", instance=engine, object_id=name, after=snapshot(engine))
+    return engine
 
 
 def _check_loras(*, max_loras: int, max_lora_rank: int, task: str) -> None:
@@ -347,6 +350,8 @@ def pool_create(*, served_model_name: str, model_path: str, footprint_units: int
     )
     _check_pool(pool)
     pool.save()
+    audit_record(action="pool.create", instance=pool, object_id=served_model_name,
+                 after=snapshot(pool))  # fmt: skip
     return pool
 
 
@@ -357,6 +362,7 @@ def pool_update(*, pool: Pool, **fields: Any) -> Pool:
     unknown = set(fields) - set(POOL_POLICY_FIELDS) - set(POOL_PROFILE_FIELDS)
     if unknown:
         raise DomainError(f"Unknown pool fields: {', '.join(sorted(unknown))}.")
+    before = snapshot(pool)
     for name, value in fields.items():
         setattr(pool, name, value)
     try:
@@ -365,6 +371,8 @@ def pool_update(*, pool: Pool, **fields: Any) -> Pool:
         pool.refresh_from_db()  # the caller's object shows what is stored, not the refused
         raise
     pool.save()
+    audit_record(action="pool.update", instance=pool, object_id=pool.served_model_name,
+                 before=before, after=snapshot(pool))  # fmt: skip
     return pool
 
 

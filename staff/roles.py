@@ -3,8 +3,11 @@
 - viewer: reads the console and the admin API, but no tenant's batch files or request bodies.
 - operator: and runs engines, cancels batches, changes tenants' quotas and limits.
 - admin: and tenants' keys and access (classes, models, extra fields, cache group), reading
-  tenants' data, staff users and roles, the admin API's tokens, and every model in the
-  Django admin.
+  tenants' data, staff users and roles, the admin API's tokens, prices, and every model in
+  the Django admin.
+
+Operators set tenants' money budgets (limits, like token budgets); every role reads spend and
+the audit log.
 
 A superuser holds every permission without a group. A staff user in no role's group is
 refused everything (403), so a new staff user reads nothing until given a role.
@@ -29,6 +32,8 @@ class Perm(StrEnum):
     MANAGE_KEYS = "staff.manage_keys"
     READ_TENANT_DATA = "staff.read_tenant_data"
     MANAGE_STAFF = "staff.manage_staff"
+    # Billing's own model permission: the admin role holds every model's (sync_role_groups).
+    CHANGE_PRICES = "billing.change_price"
 
     @property
     def codename(self) -> str:
@@ -49,6 +54,7 @@ _ADMIN = (
     Perm.MANAGE_KEYS,
     Perm.READ_TENANT_DATA,
     Perm.MANAGE_STAFF,
+    Perm.CHANGE_PRICES,
 )
 ROLE_PERMISSIONS: dict[Role, tuple[Perm, ...]] = {
     Role.VIEWER: _VIEWER,

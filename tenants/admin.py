@@ -4,6 +4,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from audit.admin import AuditedAdmin
 from capacity.units import format_units
 from tenants.keys import new_key_material
 from tenants.models import ApiKey, Invitation, Membership, Tenant, UsageRecord
@@ -23,7 +24,7 @@ class ApiKeyInline(admin.TabularInline[ApiKey, Tenant]):
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin[Tenant]):
+class TenantAdmin(AuditedAdmin[Tenant]):
     list_display = ("slug", "name", "is_active", "weight", "quota", "burst", "rpm_limit")
     list_filter = ("is_active", "budget_period")
     search_fields = ("slug", "name")
@@ -51,7 +52,7 @@ class TenantAdmin(admin.ModelAdmin[Tenant]):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
+class ApiKeyAdmin(AuditedAdmin[ApiKey]):
     list_display = (
         "prefix",
         "name",

@@ -1,4 +1,5 @@
-"""Writes about tenants and keys. Keyword-only, validated, transactional."""
+"""Writes about tenants and keys. Keyword-only, validated, transactional, and each change an
+audit event (`audit.services.audit_record`, by whoever `audit.context` says acts)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from django.db import transaction
 from django.db.models import ProtectedError, Q, QuerySet
 from django.utils import timezone
 
+from audit.services import audit_record, snapshot
 from plumbing.change_marks import ChangeMark, cache_by_marks
 from plumbing.errors import Conflict, InvalidApiKey
 from plumbing.ttlcache import TtlCache
@@ -85,6 +87,7 @@ def tenant_create(
     )
     tenant.full_clean()
     tenant.save()
+    audit_record(action="tenant.create", instance=tenant, after=snapshot(tenant))
     return tenant
 
 
@@ -93,10 +96,15 @@ def tenant_update(*, tenant: Tenant, **changes: Any) -> Tenant:
     unknown = set(changes) - TENANT_UPDATABLE_FIELDS
     if unknown:
         raise ValueError(f"Cannot update {', '.join(sorted(unknown))} of a tenant.")
+    before = snapshot(tenant)
     for field, value in changes.items():
         setattr(tenant, field, value)
     tenant.full_clean()
     tenant.save()
+    after = snapshot(tenant)
+    if before != after:
+        # Quotas and limits are a tenant's fields: a change of one is a `tenant.update` too.
+        audit_record(action="tenant.update", instance=tenant, before=before, after=after)
     _live_keys.clear()  # cached keys carry their tenant's policy
     return tenant
 
@@ -104,9 +112,12 @@ def tenant_update(*, tenant: Tenant, **changes: Any) -> Tenant:
 def tenant_delete(*, tenant: Tenant) -> None:
     """Deletes a tenant and its keys. One with usage history (or a dedicated engine) is kept:
     the ledger is the record of what was used; deactivate the tenant instead."""
+    before, pk = snapshot(tenant), str(tenant.pk)
     try:
         with transaction.atomic():
             tenant.delete()
+            audit_record(action="tenant.delete", object_type="tenant", object_id=pk,
+                         before=before)  # fmt: skip
     except ProtectedError:
         raise Conflict(
             f"Tenant '{tenant.slug}' has usage history or dedicated engines and cannot be "
@@ -153,21 +164,34 @@ def api_key_create(
             {"default_class": f"Tenant '{tenant.slug}' may not use class '{default_class}'."}
         )
     api_key.save()
+    audit_record(action="apikey.create", instance=api_key, after=snapshot(api_key))
     return IssuedKey(api_key=api_key, raw_key=material.raw_key)
 
 
 def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
     """Revoke a key. Revoking twice keeps the first revocation time."""
     if api_key.revoked_at is None:
-        api_key.revoked_at = timezone.now()
-        api_key.save(update_fields=["revoked_at"])
+        with transaction.atomic():
+            before = snapshot(api_key)
+            api_key.revoked_at = timezone.now()
+            api_key.save(update_fields=["revoked_at"])
+            audit_record(action="apikey.revoke", instance=api_key, before=before,
+                         after=snapshot(api_key))  # fmt: skip
     _live_keys.clear()
     return api_key
 
 
 def api_keys_revoke(*, api_keys: QuerySet[ApiKey]) -> int:
     """Revokes the keys of `api_keys` not revoked yet, in one statement; how many it revoked."""
-    count = api_keys.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+    with transaction.atomic():
+        live = list(api_keys.filter(revoked_at__isnull=True).select_for_update())
+        now = timezone.now()
+        count = ApiKey.objects.filter(pk__in=[k.pk for k in live]).update(revoked_at=now)
+        for api_key in live:
+            before = snapshot(api_key)
+            api_key.revoked_at = now
+            audit_record(action="apikey.revoke", instance=api_key, before=before,
+                         after=snapshot(api_key))  # fmt: skip
     # An update sends no signal: the caches of keys must hear of it all the same.
     tenant_changes().bump()
     _live_keys.clear()

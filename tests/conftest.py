@@ -23,6 +23,7 @@ from tests.support.sent_tasks import SentTasks
 def fresh_process_caches() -> None:
     """Each test starts with the request path's per-process caches empty: an entry a test
     left (a route to an engine whose row was rolled back) would otherwise outlive it."""
+    from billing import stops
     from scheduler.online import admission as online
     from tenants import services
     from workers import dispatch
@@ -32,6 +33,7 @@ def fresh_process_caches() -> None:
         dispatch._engines,
     ):  # fmt: skip
         cache.clear()
+    stops.clear_cache()
 
 
 @pytest.fixture

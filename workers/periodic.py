@@ -1,13 +1,13 @@
 """The periodic jobs that run every few seconds, run by each worker's ticker thread.
 
 The ledger flush, housekeeping, the batch feeder, the telemetry sampler and the scaler run
-every 1 to 10 s. A Celery message costs the sender, the worker and Redis several ms of CPU
-whatever the task does (kombu's bookkeeping of delivery, acknowledgement and routing): more
-than the flush or the housekeeping, and more than a request's own handling
-(docs/decisions/0007-periodic-work-on-each-workers-ticker.md). So each worker process runs
-them from a ticker thread of its own (`Ticker`), at the shortest of their intervals, each job
-in a thread of a small pool so that a slow one holds back only itself, and no message crosses
-the broker.
+every 1 to 10 s, the budget check every minute. A Celery message costs the sender, the worker
+and Redis several ms of CPU whatever the task does (kombu's bookkeeping of delivery,
+acknowledgement and routing): more than the flush or the housekeeping, and more than a
+request's own handling (docs/decisions/0007-periodic-work-on-each-workers-ticker.md). So
+each worker process runs them from a ticker thread of its own (`Ticker`), at the shortest of
+their intervals, each job in a thread of a small pool so that a slow one holds back only
+itself, and no message crosses the broker.
 
 A job's turn is claimed in Redis (SET NX with an expiry just under its interval), so the
 tickers of many workers, or a tick that comes twice, still run each job once per interval
@@ -49,6 +49,7 @@ class PeriodicJob:
 def periodic_jobs() -> list[PeriodicJob]:
     """The jobs the ticker runs, with their intervals from settings."""
     from workers.batch_tasks import batch_tick  # the task modules import this app's models
+    from workers.billing_tasks import budgets_check
     from workers.scaling_tasks import scaler_tick
     from workers.tasks import flush_usage, housekeeping
     from workers.telemetry_tasks import sample
@@ -59,6 +60,7 @@ def periodic_jobs() -> list[PeriodicJob]:
         PeriodicJob("batch_tick", settings.GPUSHARE_BATCH_FEED_INTERVAL_S, batch_tick),
         PeriodicJob("telemetry_sample", settings.GPUSHARE_TELEMETRY_INTERVAL_S, sample),
         PeriodicJob("scaler_tick", settings.GPUSHARE_SCALER_INTERVAL_S, scaler_tick),
+        PeriodicJob("budgets_check", settings.GPUSHARE_BUDGET_CHECK_INTERVAL_S, budgets_check),
     ]
 
 

@@ -33,6 +33,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from billing.stops import money_admit
 from capacity.kvcost import kv_cost_of
 from fairqueue.domain import JobRejected, JobState, payload_summary
 from fairqueue.queue import FairQueue
@@ -380,6 +381,7 @@ class _Feeder:
             return True
         tenant = self.batch.tenant
         try:
+            money_admit(tenant_id=tenant.pk, api_key_id=self.batch.api_key_id)
             admission = limits_admit(
                 tenant=tenant,
                 estimated_tokens=request_tokens(request, prompt_tokens, max_tokens),

@@ -14,6 +14,7 @@ from django.db import transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from billing.stops import money_admit
 from plumbing.errors import DomainError, Forbidden
 from protocol.classes import RequestClass
 from scheduler.batches.feeder import kick, stop_batch, stop_queued_lines
@@ -86,6 +87,7 @@ def batch_create(
             f"Token budget of {tenant.token_budget} per {tenant.budget_period} is used up; "
             "the batch cannot start."
         )
+    money_admit(tenant_id=tenant.pk, api_key_id=api_key.pk if api_key is not None else None)
     with transaction.atomic():
         # The tenant's row, locked, makes its concurrent creates count one after another.
         list(Tenant.objects.select_for_update().filter(pk=tenant.pk).values_list("pk"))

@@ -30,6 +30,7 @@ from django.conf import settings
 from django.core.exceptions import SynchronousOnlyOperation
 from django.db import connection
 
+from billing.stops import money_admit
 from capacity.kvcost import kv_cost_of
 from fairqueue.aio import AsyncFairQueue
 from fairqueue.domain import Job, JobRejected, JobState, payload_summary
@@ -574,6 +575,8 @@ async def _admit(
     engine, state = prepared.route.engine, _loop_state()
     # Before the limits count the request: a policy not yet cached is written first.
     await _here_or_in_thread(_sync_policy, prepared.api_key, state.queue.queue)
+    # A spending budget with a hard stop, used up: refused before the limits count anything.
+    await _here_or_in_thread(_money_check, prepared.api_key)
     # An adapter's prompt is counted by its base model (its tokenizer), which the engine
     # serves whether or not it holds the adapter yet.
     counted = replace(request, model=engine.served_model_name) if prepared.adapter else request
@@ -615,6 +618,12 @@ async def authenticate(authorization: str) -> ApiKey:
     """The live key of the header (InvalidApiKey otherwise): from the cache on the loop, in a
     thread when the database must be asked."""
     return await _here_or_in_thread(authenticate_bearer, authorization)
+
+
+def _money_check(api_key: ApiKey) -> None:
+    """MoneyBudgetExhausted when the key or its tenant is over a hard-stopped money budget
+    (billing.stops: a cache; SynchronousOnlyOperation on the loop when it must be read)."""
+    money_admit(tenant_id=api_key.tenant_id, api_key_id=api_key.pk)
 
 
 async def _count(prepared: _Prepared, estimated_tokens: int) -> Admission:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import transaction
 
+from audit.services import audit_record, snapshot
 from fairqueue.domain import RESERVATION_MODES
 from plumbing.errors import DomainError
 from scheduler.models import PoolReservation
@@ -55,10 +56,14 @@ def pool_reservation(pool: str) -> Reservation:
 @transaction.atomic
 def pool_reservation_set(*, pool: str, mode: str | None) -> Reservation:
     """Sets a pool's own mode, or (None) makes it take the settings' again."""
+    before = snapshot(PoolReservation.objects.filter(pool=pool).first())
     if mode is None:
         PoolReservation.objects.filter(pool=pool).delete()
     else:
         PoolReservation.objects.update_or_create(
             pool=pool, defaults={"mode": checked_mode(mode, f"pool {pool}")}
         )
+    after = snapshot(PoolReservation.objects.filter(pool=pool).first())
+    audit_record(action="pool.reservation", object_type="pool", object_id=pool, before=before,
+                 after=after)  # fmt: skip
     return pool_reservation(pool)

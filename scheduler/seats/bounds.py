@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import transaction
 
+from audit.services import audit_record, snapshot
 from fairqueue.domain import BOUNDED_CLASSES, ControllerSettings
 from plumbing.errors import DomainError
 from scheduler.models import PoolTargets
@@ -132,6 +133,7 @@ def pool_targets_set(
     """Sets a pool's own targets or fixed bounds: a mapping (empty: none), or None to take
     the settings' again. Fields not given stay as they are."""
     own, _ = PoolTargets.objects.select_for_update().get_or_create(pool=pool)
+    before = snapshot(own)
     if ttft_targets_ms is not _UNCHANGED:
         own.ttft_targets_ms = (
             None if ttft_targets_ms is None
@@ -144,6 +146,10 @@ def pool_targets_set(
         )  # fmt: skip
     if own.ttft_targets_ms is None and own.fixed_seats_below is None:
         own.delete()
+        after = None
     else:
         own.save()
+        after = snapshot(own)
+    audit_record(action="pool.targets", object_type="pool", object_id=pool, before=before,
+                 after=after)  # fmt: skip
     return pool_bounds(pool)

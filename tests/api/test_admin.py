@@ -168,6 +168,21 @@ MINIMUM_ROLE = {
     ("tenant-key-revoke", "post"): "admin",
     ("tenant-usage", "get"): "viewer",
     ("tenant-usage-csv", "get"): "viewer",
+    ("tenant-spend", "get"): "viewer",
+    ("tenant-budget", "get"): "viewer",
+    ("tenant-budget", "put"): "operator",
+    ("tenant-budget", "patch"): "operator",
+    ("tenant-budget", "delete"): "operator",
+    ("tenant-key-budget", "get"): "viewer",
+    ("tenant-key-budget", "put"): "operator",
+    ("tenant-key-budget", "patch"): "operator",
+    ("tenant-key-budget", "delete"): "operator",
+    ("price-list", "get"): "viewer",
+    ("price-list", "post"): "admin",
+    ("price-detail", "get"): "viewer",
+    ("price-detail", "put"): "admin",
+    ("price-detail", "delete"): "admin",
+    ("audit", "get"): "viewer",
 }
 BODIES = {
     ("tenant-list", "post"): {"slug": "roles-new"},
@@ -175,6 +190,12 @@ BODIES = {
     ("tenant-quota", "put"): {"quota_units": 4},
     ("tenant-quota", "patch"): {"quota_units": 4},
     ("tenant-keys", "post"): {"name": "k"},
+    ("tenant-budget", "put"): {"amount": "5"},
+    ("tenant-budget", "patch"): {"amount": "5"},
+    ("tenant-key-budget", "put"): {"amount": "5"},
+    ("tenant-key-budget", "patch"): {"amount": "5"},
+    ("price-list", "post"): {"model": "m", "input_per_million": "1", "output_per_million": "2"},
+    ("price-detail", "put"): {"input_per_million": "1", "output_per_million": "2"},
 }
 
 
@@ -206,7 +227,7 @@ def test_a_role_reaches_the_admin_api_its_permissions_allow(
     token = admin_token_create(user=staff_member(role)).raw_token
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
     route = next(p for n, m, p in admin_api_routes() if (n, m) == (name, method))
-    world = {"slug": owner.slug, "key_id": owner_key.api_key.pk}
+    world = {"slug": owner.slug, "key_id": owner_key.api_key.pk, "model": "m"}
     url = reverse(name, kwargs={arg: world[arg] for arg in route.pattern.converters})
     response = getattr(client, method)(url, BODIES.get((name, method), {}), format="json")
     allowed = role == "superuser" or (

@@ -50,6 +50,8 @@ MINIMUM_ROLE = {
     "reports": "viewer",
     "request-lookup": "viewer",
     "planner": "viewer",
+    "prices": "viewer",
+    "audit": "viewer",
 }
 
 

@@ -118,6 +118,7 @@ def test_the_ticker_comes_at_the_shortest_interval_and_carries_every_job():
         "batch_tick": settings.GPUSHARE_BATCH_FEED_INTERVAL_S,
         "telemetry_sample": settings.GPUSHARE_TELEMETRY_INTERVAL_S,
         "scaler_tick": settings.GPUSHARE_SCALER_INTERVAL_S,
+        "budgets_check": settings.GPUSHARE_BUDGET_CHECK_INTERVAL_S,
     }
     # What the ticker runs is not sent by beat as well (that would double its work).
     carried = {f"workers.{name}" for name in intervals}

@@ -14,8 +14,10 @@ import logging
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from audit.commands import AuditedCommand
+from audit.services import audit_record
 from plumbing.errors import DomainError
 from scheduler.engines.agents import agent_serves, agent_start, agent_stop
 from scheduler.engines.auth import engine_api_key
@@ -32,7 +34,7 @@ from scheduler.services import engine_create
 from tenants.models import Tenant
 
 
-class Command(BaseCommand):
+class Command(AuditedCommand):
     help = "Register, start, stop and inspect vLLM engines."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -86,10 +88,13 @@ class Command(BaseCommand):
             elif action == "start":
                 start = agent_start if agent_serves(options["name"]) else engine_start
                 engine = start(name=options["name"], on_progress=self.stdout.write)
+                audit_record(action="engine.start", instance=engine, object_id=engine.name,
+                             after={"status": engine.status})  # fmt: skip
                 self._show(engine)
             elif action == "stop":
                 stop = agent_stop if agent_serves(options["name"]) else engine_stop
                 stop(name=options["name"], on_progress=self.stdout.write)
+                audit_record(action="engine.stop", object_type="engine", object_id=options["name"])
             elif action == "key":
                 self.stdout.write(engine_api_key(engine_get(name=options["name"]).base_url))
             else:

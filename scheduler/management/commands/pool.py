@@ -18,8 +18,9 @@ import json
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from audit.commands import AuditedCommand
 from plumbing.errors import DomainError
 from scheduler.gpu_inventory import node_name
 from scheduler.models import Pool, ScalingDecision
@@ -104,7 +105,7 @@ def decision_dict(decision: ScalingDecision) -> dict[str, Any]:
     }
 
 
-class Command(BaseCommand):
+class Command(AuditedCommand):
     help = "Create and inspect hot/cold engine pools and the scaler's decisions."
 
     def add_arguments(self, parser: CommandParser) -> None:

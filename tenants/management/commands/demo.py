@@ -13,8 +13,9 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
+from audit.commands import AuditedCommand
 from plumbing.env import env_str
 from plumbing.errors import InvalidApiKey
 from protocol.classes import REQUEST_CLASSES
@@ -42,7 +43,7 @@ def _save(credentials: dict[str, Any]) -> None:
     path.chmod(0o600)
 
 
-class Command(BaseCommand):
+class Command(AuditedCommand):
     help = "Create (once) the admin user, the demo tenant and its API key; print them."
 
     def add_arguments(self, parser: CommandParser) -> None:

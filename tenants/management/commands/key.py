@@ -7,8 +7,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from audit.commands import AuditedCommand
 from plumbing.errors import DomainError
 from protocol.classes import REQUEST_CLASSES, RequestClass
 from tenants import selectors, services
@@ -42,7 +43,7 @@ def _moment(text: str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-class Command(BaseCommand):
+class Command(AuditedCommand):
     help = "Create, revoke and list tenants' API keys."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -6,8 +6,9 @@ import argparse
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from audit.commands import AuditedCommand
 from capacity.units import format_units
 from plumbing.errors import DomainError
 from protocol.classes import REQUEST_CLASSES
@@ -98,7 +99,7 @@ def _policy_changes(options: dict[str, Any]) -> dict[str, Any]:
     return changes
 
 
-class Command(BaseCommand):
+class Command(AuditedCommand):
     help = "Create, list, show and update tenants."
 
     def add_arguments(self, parser: CommandParser) -> None:

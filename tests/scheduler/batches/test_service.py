@@ -588,6 +588,32 @@ def test_a_batch_that_runs_out_of_budget_fails_clearly_and_delivers_what_ran(
     assert codes == {"token_budget_exceeded"}
 
 
+def test_a_batch_of_a_tenant_stopped_by_its_money_budget_fails_before_a_line_runs(
+    files_dir, queue, owner, owner_key
+):
+    from billing.alerts import budgets_check
+    from billing.services import budget_set, price_set
+    from billing.stops import clear_cache
+
+    client = bearer_client(owner_key)
+    created = start_batch(client, chat_jsonl(3))  # accepted while under its budget
+    price_set(model=MODEL, input_per_million="1000")
+    budget_set(tenant=owner, amount="0.01", hard_stop=True)
+    UsageRecord.objects.create(
+        request_id="r-money", tenant=owner, model=MODEL, outcome="success",
+        request_class="standard", prompt_tokens=20, finished_at=timezone.now(),
+    )  # fmt: skip
+    budgets_check()  # 0.02 of 0.01
+    clear_cache()
+    process(created["id"])  # validated
+    process(created["id"])  # fed: stopped at its first line, nothing queued
+    assert queue.redis.zrange(queue.keys.waiting(), 0, -1) == []
+    done = client.get(f"/v1/batches/{created['id']}").json()
+    assert done["status"] == "failed"
+    assert done["request_counts"]["completed"] == 0
+    assert done["errors"]["data"][0]["code"] == "token_budget_exceeded"
+
+
 def test_batches_are_shared_with_teammates_hidden_from_outsiders_and_paginated(
     files_dir, queue, owner_key, teammate_key, outsider_key
 ):

@@ -125,7 +125,8 @@ def queued_ids() -> list[str]:
 
 def test_the_first_request_reads_the_database_in_a_thread_the_next_stay_on_the_loop(bearer, hops):
     first = admit(bearer)
-    assert hops == ["_prepare", "_sync_policy"]  # nothing cached yet: key, route, policy
+    # Nothing cached yet: key, route, policy, the money budgets' hard stops.
+    assert hops == ["_prepare", "_sync_policy", "_money_check"]
     hops.clear()
     second = admit(bearer)
     assert hops == []
