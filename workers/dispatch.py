@@ -257,6 +257,10 @@ class Dispatcher:
                     _, next_job = await queue.release_and_pick(
                         job, *used, pool=pool, last_words=words
                     )
+                    if next_job is not None and next_job.engine_id != job.engine_id:
+                        # It went to the engine that holds its prefix: the seat freed here
+                        # is still free, and the pool's picker fills it if work waits.
+                        self._ensure_picker(pool)
             finally:
                 self._end_run(job)
                 run_trace.end(run, result)

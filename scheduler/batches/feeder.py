@@ -59,6 +59,7 @@ from scheduler.batches.validation import (
     model_check,
     validate_input,
 )
+from scheduler.engines.calls import affinity_key
 from scheduler.models import (
     ACTIVE_BATCH_STATUSES,
     UNFINISHED_LINE_STATES,
@@ -424,6 +425,7 @@ class _Feeder:
             ).enqueue_fields(),
             "payload": wire.dumps(payload),
             "summary": payload_summary(payload),
+            "affinity": affinity_key(tenant.pk, tenant.cache_group),
         }
         try:
             self._enqueue(job_fields, route)

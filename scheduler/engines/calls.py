@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from django.conf import settings
 from django.utils.crypto import salted_hmac
 
 from plumbing import wire
@@ -51,6 +52,17 @@ def cache_salt(tenant_id: int, cache_group: str = "") -> str:
     no tenant can compute another's salt; a tenant's and a group's never meet."""
     scope = f"group:{cache_group}" if cache_group else f"tenant:{tenant_id}"
     return salted_hmac("gpushare.engines.cache_salt", scope).hexdigest()[:32]
+
+
+def affinity_key(tenant_id: int, cache_group: str = "") -> str:
+    """Whose prefixes a request shares in an engine's prefix cache: its cache group's where
+    its tenant is in one, else its tenant's (the scope of its `cache_salt`). The fair queue
+    runs a job on the engine that ran the latest job of the same key where it can
+    (`fairqueue/lua/lib.lua` affinity_engine). '' while GPUSHARE_CACHE_AFFINITY is off: the
+    job runs on the engine of its pool with the most free KV."""
+    if not settings.GPUSHARE_CACHE_AFFINITY:
+        return ""
+    return f"group:{cache_group}" if cache_group else f"tenant:{tenant_id}"
 
 
 def client_data(data: bytes, chunk: dict[str, Any], include_usage: bool) -> bytes | None:

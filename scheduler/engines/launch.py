@@ -72,6 +72,7 @@ class EngineLaunch:
     device_index: int
     device_memory_bytes: int
     task: str = "generate"  # or "embed" (scheduler.models.EngineTask)
+    kv_blocks: int = 0  # its KV cache in blocks (GPUSHARE_ENGINE_KV_BLOCKS); 0: its footprint's
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,12 @@ def build_launch(
         "priority",
         "--middleware",
         GATE_MIDDLEWARE,
+        # Its usage says how many prompt tokens its prefix cache held (`cached_tokens`): the
+        # usage ledger's, and each tenant's prefix-cache hit rate.
+        "--enable-prompt-tokens-details",
     ]
+    if launch.kv_blocks > 0:
+        argv += ["--num-gpu-blocks-override", str(launch.kv_blocks)]
     if launch.task == "embed":
         # vLLM's pooling runner serves /v1/embeddings; a generative checkpoint is adapted to
         # embed (its default conversion), an embedding model runs as it is.

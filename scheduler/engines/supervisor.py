@@ -295,6 +295,7 @@ def _launch(engine: Engine) -> int:
             device_index=engine.device.index,
             device_memory_bytes=engine.device.memory_bytes,
             task=engine.task,
+            kv_blocks=int(settings.GPUSHARE_ENGINE_KV_BLOCKS),
         ),
         python=str(python),
         base_env=os.environ,
