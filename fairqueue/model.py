@@ -110,6 +110,11 @@ def offline_gate(engine: EnginePolicy, *, inflight: int, offline: int, load_clos
     return ""
 
 
+# The most sequences the engine holding a job's prefix may run beyond the engine the job
+# was chosen for, and still take it (`lua/lib.lua` AFFINITY_SLACK).
+AFFINITY_SLACK = 2
+
+
 def jain_index(values: Iterable[float]) -> float:
     """Jain's fairness index: 1.0 when all values are equal, 1/n when one has everything."""
     xs = list(values)
@@ -236,13 +241,16 @@ class FairModel:
     def affinity_engine(self, chosen: str, job: ModelJob) -> str:
         """Where a job the fair order chose for engine `chosen` runs: on the engine that ran
         the latest job of its affinity key while that one can run it at once (a free seat,
-        its class open, room for it in its KV, and its tenant's quota as the pick admitted
-        it), else on `chosen` (`lua/lib.lua` affinity_engine)."""
+        no more than AFFINITY_SLACK sequences beyond `chosen`'s, its class open, room for it
+        in its KV, and its tenant's quota as the pick admitted it), else on `chosen`
+        (`lua/lib.lua` affinity_engine)."""
         holder = self.affinity.get(job.affinity, "") if job.affinity else ""
         if not holder or holder == chosen or holder not in self.engines:
             return chosen
         engine = self.engines[holder]
         if self.engine_inflight[holder] >= engine.max_num_seqs:
+            return chosen
+        if self.engine_inflight[holder] > self.engine_inflight[chosen] + AFFINITY_SLACK:
             return chosen
         if job.request_class not in self.open_classes(holder):
             return chosen

@@ -545,6 +545,7 @@ def usage_fields(job: Job, request: dict[str, Any], result: RunResult) -> dict[s
         "status_code": result.status_code,
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
+        "cached_tokens": result.cached_tokens,
         "reserved_units": job.kv_bytes / UNIT_BYTES,
         "reserved_unit_seconds": reserved_unit_seconds(job, result),
         "queue_wait_ms": int(max(0.0, result.started_at - received) * 1000),

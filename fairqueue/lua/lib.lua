@@ -510,20 +510,28 @@ end
 -- at once, as the pick admitted it there:
 -- - a free seat, not a place in its own queue (the job would wait there while the seat it
 --   was chosen for stays free);
+-- - it runs at most AFFINITY_SLACK sequences more than the engine the job was chosen for
+--   (a tenant's prefix is not worth a busier engine: its tenants would wait longer for each
+--   token than the others, and the engines' loads would drift apart);
 -- - its class open there (class_limit, and the offline gate for offline work);
 -- - its cost there within that engine's free KV, and its tenant's quota (or quota + burst,
 --   as the pick allowed) still holding it.
 -- Else it runs where it was chosen, which becomes its key's engine. Returns the holder's id,
 -- the job's cost there, what it holds of its tenant's quota and its expected output; nil
 -- where it runs where it was chosen. Sets job.affinity_engine to the key's engine read.
-local function affinity_engine(chosen_id, pool, job, limit)
+local AFFINITY_SLACK = 2
+local function affinity_engine(chosen_id, chosen_inflight, pool, job, limit)
   local holder = redis.call('HGET', k_affinity(pool), job.affinity)
   job.affinity_engine = holder
   if not holder or holder == chosen_id then return nil end
-  local engine = hgetall(k_engine(holder))
-  if engine.pool ~= pool then return nil end  -- gone, or moved to another pool
+  -- Its seat first, from two fields: at full load every seat is taken, and a pick then
+  -- reads no more of the holder than this.
+  local seats_there = redis.call('HMGET', k_engine(holder), 'pool', 'max_num_seqs')
+  if seats_there[1] ~= pool then return nil end  -- gone, or moved to another pool
   local usage = hgetall(k_engine_use(holder))
-  if num(usage.inflight) >= num(engine.max_num_seqs) then return nil end
+  if num(usage.inflight) >= num(seats_there[2]) then return nil end
+  if num(usage.inflight) > chosen_inflight + AFFINITY_SLACK then return nil end
+  local engine = hgetall(k_engine(holder))
   if class_limit(engine, usage, job.cls) ~= '' then return nil end
   if job.cls == 'offline' and offline_gate(engine, usage) ~= '' then return nil end
   local cost, quota_cost, out = job_cost(engine, job, limit.ceiling)
@@ -620,7 +628,8 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
 
   -- The fair order chose the job; its prefix decides where it runs.
   if job.affinity and job.affinity ~= '' then
-    local holder, cost, quota_cost, holder_out = affinity_engine(engine_id, pool, job, limit)
+    local holder, cost, quota_cost, holder_out = affinity_engine(engine_id,
+      num(usage.inflight), pool, job, limit)
     if holder then
       engine_id, out = holder, holder_out
       job.reserved, job.held = int(cost), int(quota_cost)

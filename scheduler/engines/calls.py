@@ -88,6 +88,16 @@ def usage_counts(usage: dict[str, Any] | None) -> tuple[int, int] | None:
     return int(prompt or 0), int(usage.get("completion_tokens") or 0)
 
 
+def cached_tokens(usage: dict[str, Any] | None) -> int:
+    """The prompt tokens of an answer's usage that the engine's prefix cache held (vLLM's
+    `prompt_tokens_details.cached_tokens`, Responses' `input_tokens_details`; the engine
+    reports them with --enable-prompt-tokens-details); 0 when it says none."""
+    if not usage:
+        return 0
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+    return int(details.get("cached_tokens") or 0)
+
+
 # The events that end a Responses stream; the usage is in the response they carry.
 RESPONSE_END_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
@@ -102,6 +112,7 @@ class ResponseEvents:
         self.first_output = False
         self.ended = False
         self.counts: tuple[int, int] = (0, 0)
+        self.cached = 0  # of its prompt tokens, those the engine's prefix cache held
 
     def read(self, data: bytes) -> dict[str, Any]:
         """Reads one event (its JSON); returns it."""
@@ -111,6 +122,7 @@ class ResponseEvents:
             self.ended = True
             response = event.get("response") or {}
             self.counts = usage_counts(response.get("usage")) or self.counts
+            self.cached = cached_tokens(response.get("usage")) or self.cached
         self.first_output = self.first_output or kind.endswith(".delta")
         return event
 

@@ -8,6 +8,7 @@ import redis
 
 from fairqueue import EnginePolicy, FairQueue, Job, TenantPolicy
 from fairqueue.keys import Keys
+from fairqueue.model import AFFINITY_SLACK
 
 UNIT = 256 * 1024 * 1024
 
@@ -87,6 +88,22 @@ def test_the_holder_needs_a_seat_not_a_place_in_its_queue(
     submit(fq)
     # e1 could hold it in its own queue, but it would wait there while e2's seat is free.
     assert picked(fq, "e2").engine_id == "e2"
+
+
+def test_a_holder_busier_than_the_chosen_engine_by_more_than_the_slack_is_passed_over(
+    fq: FairQueue, fq_redis: redis.Redis
+) -> None:
+    setup_pool(fq, seats=8, quota_units=16)
+    submit(fq)
+    assert picked(fq, "e1").engine_id == "e1"
+    for _ in range(AFFINITY_SLACK - 1):
+        submit(fq, "b", affinity="")
+        assert picked(fq, "e1").engine_id == "e1"
+    submit(fq)  # e1 runs as many as the slack, e2 none: it goes to e1
+    assert picked(fq, "e2").engine_id == "e1"
+    submit(fq)  # now e1 runs one more than the slack allows
+    assert picked(fq, "e2").engine_id == "e2"
+    assert affinity_map(fq, fq_redis) == {"k-a": "e2"}
 
 
 def test_a_holder_without_room_for_the_job_leaves_it_where_it_was_chosen(
