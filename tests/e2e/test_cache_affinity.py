@@ -5,7 +5,6 @@ affinity)."""
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,12 +31,9 @@ def two_engines(platform_server: Platform) -> Iterator[dict[str, tuple[str, str]
     )  # fmt: skip
     try:
         start_engine_through_agent(platform_server, SECOND, timeout=600)
-        urls = json.loads(
-            platform_server.shell(
-                "import json; from scheduler.models import Engine; print(json.dumps(dict("
-                f"Engine.objects.filter(name__in=[{MODEL!r}, {SECOND!r}])"
-                ".values_list('name', 'base_url'))))"
-            )
+        urls = platform_server.shell(
+            "import json; from scheduler.models import Engine; print(json.dumps({e.name: "
+            f"e.base_url for e in Engine.objects.filter(name__in=[{MODEL!r}, {SECOND!r}])}}))"
         )
         yield {
             name: (urls[name], platform_server.manage("engine", "key", name).strip())
