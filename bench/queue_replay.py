@@ -209,6 +209,9 @@ class Replay:
         # had no choice: it looked at every engine of the pool).
         turn = inspect.signature(self.queue.release_and_pick).parameters
         self.turn: dict[str, Any] = {"same_engine": True} if "same_engine" in turn else {}
+        # Each job carries its tenant's prefix-cache affinity key, as the web's do (where the
+        # queue knows of affinity: a replay of an older commit runs without).
+        self.affine = "affinity" in inspect.signature(self.queue.enqueue_args).parameters
 
     def arrive(self) -> None:
         from tenants.limits import limits_admit
@@ -226,6 +229,7 @@ class Replay:
             tenant=self.slugs[i], pool=POOL, request_class="standard", prompt_tokens=512,
             max_tokens=88, kv_bytes=64 * 1024 * 1024, payload=json.dumps(payload),
             summary=json.dumps(summary), inbox=self.inbox,
+            **({"affinity": f"tenant:{i + 1}"} if self.affine else {}),
         ))  # fmt: skip
         self.admissions[job.job_id] = admission
 

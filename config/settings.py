@@ -353,6 +353,13 @@ GPUSHARE_ENGINE_STOP_TIMEOUT_S = env_float("GPUSHARE_ENGINE_STOP_TIMEOUT_S", 30.
 # use their own, longer, read timeout.
 GPUSHARE_ENGINE_HTTP_TIMEOUT_S = env_float("GPUSHARE_ENGINE_HTTP_TIMEOUT_S", 10.0)
 GPUSHARE_ENGINE_GENERATE_TIMEOUT_S = env_float("GPUSHARE_ENGINE_GENERATE_TIMEOUT_S", 300.0)
+# A job runs on the engine of its pool that ran its tenant's (or cache group's) latest job,
+# where that engine can run it at once, so its prefix is found in that engine's cache
+# (docs/DISPATCH.md, Prefix-cache affinity). Off: on the engine with the most free KV.
+GPUSHARE_CACHE_AFFINITY = env_bool("GPUSHARE_CACHE_AFFINITY", True)
+# Caps each engine's KV cache at this many blocks (vLLM's --num-gpu-blocks-override); 0: the
+# cache its footprint gives. For benchmarks and tests that need a small cache.
+GPUSHARE_ENGINE_KV_BLOCKS = env_int("GPUSHARE_ENGINE_KV_BLOCKS", 0)
 # A stream picked for an engine is streamed by the web process that holds its client, from
 # the engine itself, not relayed token by token through a worker and Redis
 # (scheduler/online/granted.py). Off where the web cannot reach the engines' addresses.

@@ -93,8 +93,15 @@ def _render_detail(
         "usage_ranges": [(key, label) for key, (_, _, label) in USAGE_RANGES.items()],
         "usage": usage_charts(tenant, usage_range),
         "spend": tenant_spend(tenant),
+        "prefix_cache": _prefix_cache_use(tenant, usage_range),
     }
     return render(request, "console/tenants/detail.html", context, status=status)
+
+
+def _prefix_cache_use(tenant: Tenant, range_key: str) -> reports.PrefixCacheUse:
+    span, _, _ = USAGE_RANGES[range_key]
+    until = timezone.now()
+    return reports.prefix_cache_use(tenant=tenant, since=until - span, until=until)
 
 
 def _allowance_bar(tenant: Tenant) -> str:

@@ -230,6 +230,10 @@ class Job:
     reserved: int = 0
     kv_floor: int = 0
     kv_token: int = 0
+    # Whose prefixes it shares (its tenant's or its cache group's): a pick runs it on the
+    # engine of its pool that ran the latest job of the same key where it can (`lua/lib.lua`
+    # affinity_engine); '' = wherever the pick chooses.
+    affinity: str = ""
 
     @property
     def covered_tokens(self) -> int:
@@ -265,6 +269,7 @@ class Job:
             reserved=int(fields.get("reserved") or 0),
             kv_floor=int(fields.get("kv_floor") or 0),
             kv_token=int(fields.get("kv_token") or 0),
+            affinity=fields.get("affinity", ""),
         )
 
 

@@ -123,6 +123,9 @@ class Keys:
     def pool_shape(self, pool: str) -> str:
         return f"{self.prefix}pool:{pool}:shape"
 
+    def pool_affinity(self, pool: str) -> str:
+        return f"{self.prefix}pool:{pool}:affinity"
+
     def output_predictions(self, pool: str) -> str:
         return f"{self.prefix}pool:{pool}:outpred"
 

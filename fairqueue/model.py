@@ -110,6 +110,11 @@ def offline_gate(engine: EnginePolicy, *, inflight: int, offline: int, load_clos
     return ""
 
 
+# The most sequences the engine holding a job's prefix may run beyond the engine the job
+# was chosen for, and still take it (`lua/lib.lua` AFFINITY_SLACK).
+AFFINITY_SLACK = 2
+
+
 def jain_index(values: Iterable[float]) -> float:
     """Jain's fairness index: 1.0 when all values are equal, 1/n when one has everything."""
     xs = list(values)
@@ -132,6 +137,7 @@ class ModelJob:
     weight: float = 1.0
     seqs: int = 1  # engine seats it takes
     stamp: float = 0.0  # its tenant's counter when picked: its place in the engine
+    affinity: str = ""  # whose prefixes it shares; '' = none (`lua/lib.lua` affinity_engine)
 
 
 class FairModel:
@@ -157,6 +163,8 @@ class FairModel:
         self.engine_offline: dict[str, int] = dict.fromkeys(self.engines, 0)  # of inflight
         self.engine_standard: dict[str, int] = dict.fromkeys(self.engines, 0)  # of inflight
         self.load_closed: dict[str, bool] = dict.fromkeys(self.engines, False)
+        # Affinity key -> the engine that ran its latest job.
+        self.affinity: dict[str, str] = {}
 
     # --- queues and counters ----------------------------------------------------------------
 
@@ -230,6 +238,27 @@ class FairModel:
                 would_burst = True
         return None, would_burst
 
+    def affinity_engine(self, chosen: str, job: ModelJob) -> str:
+        """Where a job the fair order chose for engine `chosen` runs: on the engine that ran
+        the latest job of its affinity key while that one can run it at once (a free seat,
+        no more than AFFINITY_SLACK sequences beyond `chosen`'s, its class open, room for it
+        in its KV, and its tenant's quota as the pick admitted it), else on `chosen`
+        (`lua/lib.lua` affinity_engine)."""
+        holder = self.affinity.get(job.affinity, "") if job.affinity else ""
+        if not holder or holder == chosen or holder not in self.engines:
+            return chosen
+        engine = self.engines[holder]
+        if self.engine_inflight[holder] >= engine.max_num_seqs:
+            return chosen
+        if self.engine_inflight[holder] > self.engine_inflight[chosen] + AFFINITY_SLACK:
+            return chosen
+        if job.request_class not in self.open_classes(holder):
+            return chosen
+        if job.kv_bytes > engine.kv_budget_bytes - self.engine_reserved[holder]:
+            return chosen
+        # The same quota admits it there as here: its cost is the same on both engines.
+        return holder
+
     def set_load(self, engine_id: str, load: float) -> bool:
         """The samplers' load, with the gate's hysteresis (`lua/set_load.lua`)."""
         engine = self.engines[engine_id]
@@ -293,6 +322,8 @@ class FairModel:
         return None
 
     def pick(self, engine_id: str) -> ModelJob | None:
+        """The fair order's next job for the engine, run on the engine that holds its
+        prefix where it can (`affinity_engine`)."""
         job = self.choose(engine_id)
         if job is None:
             return None
@@ -305,6 +336,9 @@ class FairModel:
             if other != job.request_class and self.clock.get(other, 0.0) < chosen_time:
                 self.clock[other] = chosen_time
         self.clock[job.request_class] = chosen_time + 1 / self.class_weights[job.request_class]
+        engine_id = self.affinity_engine(engine_id, job)
+        if job.affinity:
+            self.affinity[job.affinity] = engine_id
         job.state, job.engine_id = "running", engine_id
         self.tenant_reserved[job.tenant] += job.kv_bytes
         self.engine_reserved[engine_id] += job.kv_bytes

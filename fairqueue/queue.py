@@ -327,6 +327,7 @@ class FairQueue:
         kv_floor: int | None = None,
         kv_token: int = 0,
         observed: bool = False,
+        affinity: str = "",
     ) -> Job:
         """Queues a job at the tail of its tenant's queue; raises JobRejected when it can
         never run (larger than every engine of the pool or than the tenant's quota + burst,
@@ -335,7 +336,7 @@ class FairQueue:
             summon=False, tenant=tenant, pool=pool, request_class=request_class,
             prompt_tokens=prompt_tokens, max_tokens=max_tokens, kv_bytes=kv_bytes,
             payload=payload, job_id=job_id, now=now, summary=summary, seqs=seqs,
-            kv_floor=kv_floor, kv_token=kv_token, observed=observed,
+            kv_floor=kv_floor, kv_token=kv_token, observed=observed, affinity=affinity,
         )  # fmt: skip
         return job
 
@@ -370,6 +371,7 @@ class FairQueue:
         kv_floor: int | None = None,
         kv_token: int = 0,
         observed: bool = False,
+        affinity: str = "",
     ) -> list[Any]:
         """The enqueue script's arguments (after `script_head`), checked. `inbox`: the list
         its waiter reads the events of all its jobs from (see `Keys.inbox`); '' = the job's
@@ -380,7 +382,8 @@ class FairQueue:
         `kv_floor`, `kv_token`, `observed`: what a prediction of its KV is made of where its
         engine predicts (`lua/lib.lua` job_cost): the bytes of its prompts with a block of
         output per sequence (None: `kv_bytes`), the bytes per token generated (0: it always
-        reserves `kv_bytes`), and whether its tokens are counted as they come (it can grow)."""
+        reserves `kv_bytes`), and whether its tokens are counted as they come (it can grow).
+        `affinity`: whose prefixes it shares (`Job.affinity`); '' = none."""
         if request_class not in REQUEST_CLASSES:
             raise JobRejected("unknown_class", f"unknown request class {request_class!r}")
         if min(prompt_tokens, max_tokens, kv_bytes) < 0:
@@ -402,6 +405,7 @@ class FairQueue:
             floor,
             kv_token,
             "1" if observed else "",
+            affinity,
         ]
 
     @staticmethod
@@ -424,6 +428,7 @@ class FairQueue:
             enqueued_at=float(status[1]),
             deadline=float(status[2]),
             seqs=int(args[13]),
+            affinity=args[17],
         )
         return job, status[3] == "summon"
 

@@ -90,6 +90,15 @@ CLUSTER_METRICS: dict[str, tuple[str, str]] = {
         "counter",
         "Prompt and completion tokens, from the usage ledger.",
     ),
+    "gpushare_cached_prompt_tokens": (
+        "counter",
+        "Prompt tokens the engines' prefix caches held, from the usage ledger.",
+    ),
+    "gpushare_prefix_cache_hit_ratio": (
+        "gauge",
+        "Of a tenant's prompt tokens in the usage ledger, the share its engines' prefix caches "
+        "held.",
+    ),
     "gpushare_rejections": (
         "counter",
         "Requests refused before queueing, by reason and HTTP status.",
@@ -284,6 +293,23 @@ def _histogram(name: str, labels: list[str]) -> HistogramMetricFamily:
     return HistogramMetricFamily(name, METRICS[name][1], labels=labels)
 
 
+def _hit_ratios(counters: dict[tuple[str, ...], float]) -> GaugeMetricFamily:
+    """Each tenant's prefix-cache hit rate: of its prompt tokens in the ledger, the share
+    its engines' prefix caches held (all its classes and models)."""
+    prompt: dict[str, float] = {}
+    cached: dict[str, float] = {}
+    for key, value in counters.items():
+        if key[0] == "tok" and key[4] == "prompt":
+            prompt[key[1]] = prompt.get(key[1], 0.0) + value
+        elif key[0] == "cached":
+            cached[key[1]] = cached.get(key[1], 0.0) + value
+    family = _gauge("gpushare_prefix_cache_hit_ratio", ["tenant"])
+    for tenant, total in sorted(prompt.items()):
+        if total > 0:
+            family.add_metric([tenant], cached.get(tenant, 0.0) / total)
+    return family
+
+
 def _histograms(
     counters: dict[tuple[str, ...], float], kind: str, sum_kind: str, buckets: tuple[float, ...]
 ) -> dict[tuple[str, str, str], tuple[list[tuple[str, float]], float]]:
@@ -412,12 +438,15 @@ class ClusterCollector(Collector):
         labels = ["tenant", "class", "model"]
         requests = _counter("gpushare_requests", [*labels, "outcome"])
         tokens = _counter("gpushare_tokens", [*labels, "kind"])
+        cached = _counter("gpushare_cached_prompt_tokens", labels)
         for key, value in sorted(counters.items()):
             if key[0] == "req":
                 requests.add_metric(list(key[1:5]), value)
             elif key[0] == "tok":
                 tokens.add_metric(list(key[1:5]), value)
-        yield from (requests, tokens)
+            elif key[0] == "cached":
+                cached.add_metric(list(key[1:4]), value)
+        yield from (requests, tokens, cached, _hit_ratios(counters))
         for name, kind, sum_kind, buckets in (
             ("gpushare_admission_wait_seconds", "wait", "wait_sum", WAIT_BUCKETS_S),
             ("gpushare_time_to_first_token_seconds", "ttft", "ttft_sum", TTFT_BUCKETS_S),

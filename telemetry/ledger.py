@@ -55,6 +55,8 @@ def _fold_increments(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
         add(counter_field("req", *labels, row["outcome"]), row["requests"])
         add(counter_field("tok", *labels, "prompt"), row["prompt_tokens"])
         add(counter_field("tok", *labels, "completion"), row["completion_tokens"])
+        if row["cached_tokens"]:  # of the prompt tokens: a series of its own, not a kind
+            add(counter_field("cached", *labels), row["cached_tokens"])
         if row["outcome"] in (Outcome.REJECTED, Outcome.TIMEOUT):
             continue  # never admitted: no admission wait, no run
         wait_s, latency_s = row["queue_wait_ms"] / 1000.0, row["latency_ms"] / 1000.0
@@ -95,6 +97,7 @@ def ledger_fold(client: redis.Redis | None = None, *, page: int = FOLD_PAGE) -> 
                 "outcome",
                 "prompt_tokens",
                 "completion_tokens",
+                "cached_tokens",
                 "queue_wait_ms",
                 "ttft_ms",
                 "latency_ms",

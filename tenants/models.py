@@ -310,6 +310,9 @@ class UsageRecord(models.Model):
     status_code = models.PositiveSmallIntegerField(default=200)
     prompt_tokens = models.PositiveIntegerField(default=0)
     completion_tokens = models.PositiveIntegerField(default=0)
+    cached_tokens = models.PositiveIntegerField(
+        default=0, help_text="Of its prompt tokens, those the engine's prefix cache held."
+    )
     reserved_units = models.FloatField(default=0, help_text="KV reservation held, in units.")
     reserved_unit_seconds = models.FloatField(default=0)
     queue_wait_ms = models.PositiveIntegerField(default=0)

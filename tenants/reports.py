@@ -209,6 +209,26 @@ def usage_records(*, tenant: Tenant, since: datetime, until: datetime) -> QueryS
     return UsageRecord.objects.filter(tenant=tenant, finished_at__gte=since, finished_at__lt=until)
 
 
+@dataclass(frozen=True)
+class PrefixCacheUse:
+    """Of a tenant's prompt tokens in a period, those its engines' prefix caches held."""
+
+    prompt_tokens: int
+    cached_tokens: int
+
+    @property
+    def hit_rate(self) -> float | None:
+        """cached / prompt tokens; None when it sent no prompt tokens."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+
+def prefix_cache_use(*, tenant: Tenant, since: datetime, until: datetime) -> PrefixCacheUse:
+    totals = usage_records(tenant=tenant, since=since, until=until).aggregate(
+        prompt=Sum("prompt_tokens"), cached=Sum("cached_tokens")
+    )
+    return PrefixCacheUse(int(totals["prompt"] or 0), int(totals["cached"] or 0))
+
+
 def _percentiles(values: Sequence[float]) -> dict[str, float | None]:
     return {f"p{q}": percentile(values, q) for q in (50, 95, 99)}
 

@@ -264,6 +264,10 @@ class Dispatcher:
                     _, next_job = await queue.release_and_pick(
                         job, *used, pool=pool, last_words=words
                     )
+                    if next_job is not None and next_job.engine_id != job.engine_id:
+                        # It went to the engine that holds its prefix: the seat freed here
+                        # is still free, and the pool's picker fills it if work waits.
+                        self._ensure_picker(pool)
             finally:
                 self._end_run(job)
                 run_trace.end(run, result)
@@ -600,6 +604,7 @@ def usage_fields(job: Job, request: dict[str, Any], result: RunResult) -> dict[s
         "status_code": result.status_code,
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
+        "cached_tokens": result.cached_tokens,
         "reserved_units": job.kv_bytes / UNIT_BYTES,
         "reserved_unit_seconds": reserved_unit_seconds(job, result),
         "queue_wait_ms": int(max(0.0, result.started_at - received) * 1000),

@@ -43,6 +43,7 @@ from plumbing import wire
 from scheduler.engines.aio_client import AnswerTooLarge, AsyncEngineClient
 from scheduler.engines.calls import (
     ResponseEvents,
+    cached_tokens,
     client_data,
     engine_body,
     engine_path,
@@ -74,6 +75,7 @@ class RunResult:
     status_code: int = 200
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of its prompt tokens, those the engine's prefix cache held
     started_at: float = field(default_factory=time.time)
     first_token_at: float | None = None
     finished_at: float = 0.0
@@ -344,6 +346,7 @@ def _count_report(run: Run, report: Report, result: RunResult) -> None:
     if report.first_token_at:
         result.first_token_at = report.first_token_at
     result.prompt_tokens, result.completion_tokens = report.prompt_tokens, report.completion_tokens
+    result.cached_tokens = report.cached_tokens
     if report.cut_short:
         result.prompt_tokens = result.prompt_tokens or run.job.prompt_tokens
 
@@ -468,6 +471,7 @@ async def _relay_events(
     if not reading.ended:
         raise EngineUnavailable("the engine's stream ended before its last event")
     result.prompt_tokens, result.completion_tokens = reading.counts
+    result.cached_tokens = reading.cached
     result.done_event = _stream_done(run, result)
 
 
@@ -483,6 +487,7 @@ def _count_usage(result: RunResult, usage: dict[str, Any] | None) -> None:
     counts = usage_counts(usage)
     if counts is not None:
         result.prompt_tokens, result.completion_tokens = counts
+        result.cached_tokens = cached_tokens(usage)
 
 
 def _usage(result: RunResult) -> dict[str, int]:

@@ -7,7 +7,9 @@
 -- seqs (the sequences it runs, one engine seat each; '' = 1), kv_floor (the bytes its
 -- prompts take, with a block of output per sequence), kv_token (the bytes each token it
 -- generates adds; '' or 0: it reserves its worst case, kv_bytes, whatever the engine's mode),
--- observed ('1' when its tokens are counted as they come, so it can grow: see job_cost).
+-- observed ('1' when its tokens are counted as they come, so it can grow: see job_cost),
+-- affinity (whose prefixes it shares, for the engine that holds them: affinity_engine in
+-- lib.lua; '' = none, it runs where the pick chooses).
 -- Returns {'ok', enqueued_at, deadline, '' or what summon_loop said} or
 -- {'rejected', reason, detail}.
 local job_id, tenant, pool, cls = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
@@ -57,7 +59,7 @@ redis.call('HSET', k_job(job_id), 'tenant', tenant, 'pool', pool, 'cls', cls,
   'attempt', '0', 'charged', '0', 'reserved', '0', 'inbox', ARGV[14] or '',
   'seqs', int(math.max(1, tonumber(ARGV[17] or '1') or 1)),
   'kv_floor', int(math.min(kv_floor, kv_bytes)), 'kv_token', int(kv_token),
-  'observed', ARGV[20] or '')
+  'observed', ARGV[20] or '', 'affinity', ARGV[21] or '')
 if (ARGV[16] or '') ~= '' then redis.call('HSET', k_job(job_id), 'summary', ARGV[16]) end
 redis.call('ZADD', k_waiting(), fmt(deadline), job_id)
 redis.call('SADD', k_pools(), pool)

@@ -47,6 +47,7 @@ local function k_out_pred(pool) return P .. 'pool:' .. pool .. ':outpred' end
 local function k_engines() return P .. 'engines' end
 local function k_pool_engines(pool) return P .. 'pool:' .. pool .. ':engines' end
 local function k_pool_shape(pool) return P .. 'pool:' .. pool .. ':shape' end
+local function k_affinity(pool) return P .. 'pool:' .. pool .. ':affinity' end
 local function k_pools() return P .. 'pools' end
 local function k_inflight() return P .. 'inflight' end
 local function k_waiting() return P .. 'waiting' end
@@ -500,6 +501,45 @@ local function offline_gate(engine, usage)
   return ''
 end
 
+-- Prefix-cache affinity (docs/DISPATCH.md, Prefix-cache affinity). A job's `affinity` key
+-- names whose prefixes it shares (its tenant's, or its cache group's: the engines' prefix
+-- cache is salted by the same scope), and `pool:{pool}:affinity` maps each key to the engine
+-- that ran its latest job: the one whose cache most likely holds the prefix. The fair order
+-- chooses which job runs (pick_on, as without affinity); affinity chooses only where: a job
+-- chosen for one engine runs on the engine that holds its prefix while that one can run it
+-- at once, as the pick admitted it there:
+-- - a free seat, not a place in its own queue (the job would wait there while the seat it
+--   was chosen for stays free);
+-- - it runs at most AFFINITY_SLACK sequences more than the engine the job was chosen for
+--   (a tenant's prefix is not worth a busier engine: its tenants would wait longer for each
+--   token than the others, and the engines' loads would drift apart);
+-- - its class open there (class_limit, and the offline gate for offline work);
+-- - its cost there within that engine's free KV, and its tenant's quota (or quota + burst,
+--   as the pick allowed) still holding it.
+-- Else it runs where it was chosen, which becomes its key's engine. Returns the holder's id,
+-- the job's cost there, what it holds of its tenant's quota and its expected output; nil
+-- where it runs where it was chosen. Sets job.affinity_engine to the key's engine read.
+local AFFINITY_SLACK = 2
+local function affinity_engine(chosen_id, chosen_inflight, pool, job, limit)
+  local holder = redis.call('HGET', k_affinity(pool), job.affinity)
+  job.affinity_engine = holder
+  if not holder or holder == chosen_id then return nil end
+  -- Its seat first, from two fields: at full load every seat is taken, and a pick then
+  -- reads no more of the holder than this.
+  local seats_there = redis.call('HMGET', k_engine(holder), 'pool', 'max_num_seqs')
+  if seats_there[1] ~= pool then return nil end  -- gone, or moved to another pool
+  local usage = hgetall(k_engine_use(holder))
+  if num(usage.inflight) >= num(seats_there[2]) then return nil end
+  if num(usage.inflight) > chosen_inflight + AFFINITY_SLACK then return nil end
+  local engine = hgetall(k_engine(holder))
+  if class_limit(engine, usage, job.cls) ~= '' then return nil end
+  if job.cls == 'offline' and offline_gate(engine, usage) ~= '' then return nil end
+  local cost, quota_cost, out = job_cost(engine, job, limit.ceiling)
+  if cost > engine_free(engine, usage) then return nil end
+  if limit.held + quota_cost > limit.bound then return nil end
+  return holder, cost, quota_cost, out
+end
+
 -- Pick the fairest admissible job of `pool` for one engine, reserve it and lease it.
 -- Classes are tried in order of class virtual time (stride scheduling); inside a class,
 -- backlogged tenants in order of VTC counter; the first head job that admission lets run
@@ -507,6 +547,8 @@ end
 -- head job would fit within quota + burst) lets a tenant borrow its burst: the engine then
 -- has idle capacity, meaning room for the job and no waiting job of the pool that it could
 -- run within its tenant's quota.
+-- The job may run on another engine of the pool than the one it was picked for, the one
+-- that holds its prefix (affinity_engine): its hash's `engine` says where.
 -- Returns the job id and its hash as a table (as HGETALL would give it), nil when nothing
 -- may run there now, or nil and an error reply.
 -- `engine` and `usage` are the engine's hashes when the caller has read them already.
@@ -549,10 +591,14 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
         local ceiling = quota + num(policy[2])
         local cost, quota_cost, out = job_cost(engine, job, ceiling)
         if cost <= free_bytes then
-          local held = num(redis.call('HGET', k_tenant_use(tenant), 'reserved')) + quota_cost
+          local before = num(redis.call('HGET', k_tenant_use(tenant), 'reserved'))
+          local held = before + quota_cost
           if held <= quota or (allow_burst and held <= ceiling) then
             job.reserved, job.held = int(cost), int(quota_cost)
-            return job_id, job, num(policy[3]), false, out
+            -- What admitted it, for an engine that holds its prefix (affinity_engine).
+            local limit = {held = before, ceiling = ceiling, bound = quota}
+            if held > quota then limit.bound = ceiling end
+            return job_id, job, num(policy[3]), false, out, limit
           end
           if held <= ceiling then would_burst = true end
         end
@@ -564,21 +610,35 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
   local function choose()
     local burst_possible = false
     for _, entry in ipairs(order) do
-      local job_id, job, weight, would_burst, out = candidate(entry.cls, false)
-      if job_id then return job_id, job, weight, out end
+      local job_id, job, weight, would_burst, out, limit = candidate(entry.cls, false)
+      if job_id then return job_id, job, weight, out, limit end
       burst_possible = burst_possible or would_burst
     end
     if not burst_possible then return nil end
     for _, entry in ipairs(order) do
-      local job_id, job, weight, _, out = candidate(entry.cls, true)
-      if job_id then return job_id, job, weight, out end
+      local job_id, job, weight, _, out, limit = candidate(entry.cls, true)
+      if job_id then return job_id, job, weight, out, limit end
     end
     return nil
   end
 
-  local job_id, job, weight, out = choose()
+  local job_id, job, weight, out, limit = choose()
   if not job_id then return nil end
   local cls, tenant = job.cls, job.tenant
+
+  -- The fair order chose the job; its prefix decides where it runs.
+  if job.affinity and job.affinity ~= '' then
+    local holder, cost, quota_cost, holder_out = affinity_engine(engine_id,
+      num(usage.inflight), pool, job, limit)
+    if holder then
+      engine_id, out = holder, holder_out
+      job.reserved, job.held = int(cost), int(quota_cost)
+    end
+    if job.affinity_engine ~= engine_id then
+      redis.call('HSET', k_affinity(pool), job.affinity, engine_id)
+    end
+    job.affinity_engine = nil
+  end
 
   -- The job's stamp is its tenant's counter before its charge: its place in the fair queue's
   -- order, which the engine keeps among the jobs waiting there for a seat (engine_priority).

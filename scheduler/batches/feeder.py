@@ -61,6 +61,7 @@ from scheduler.batches.validation import (
     model_check,
     validate_input,
 )
+from scheduler.engines.calls import affinity_key
 from scheduler.models import (
     ACTIVE_BATCH_STATUSES,
     UNFINISHED_LINE_STATES,
@@ -437,6 +438,7 @@ class _Feeder:
             ).enqueue_fields(),
             "payload": wire.dumps(payload),
             "summary": payload_summary(payload),
+            "affinity": affinity_key(tenant.pk, tenant.cache_group, str(payload["adapter"])),
         }
         try:
             self._enqueue(job_fields, route)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+from django.conf import settings
 from django.utils.crypto import salted_hmac
 
 from plumbing import wire
@@ -53,6 +54,20 @@ def cache_salt(tenant_id: int, cache_group: str = "") -> str:
     return salted_hmac("gpushare.engines.cache_salt", scope).hexdigest()[:32]
 
 
+def affinity_key(tenant_id: int, cache_group: str = "", adapter: str = "") -> str:
+    """Whose prefixes a request shares in an engine's prefix cache: its cache group's where
+    its tenant is in one, else its tenant's (the scope of its `cache_salt`), and through
+    which LoRA adapter (an engine caches an adapter's prefixes apart from the base model's,
+    and holds the adapter itself). The fair queue runs a job on the engine that ran the
+    latest job of the same key where it can (`fairqueue/lua/lib.lua` affinity_engine), which
+    for an adapter's job is one that has it loaded. '' while GPUSHARE_CACHE_AFFINITY is off:
+    the job runs on the engine of its pool with the most free KV."""
+    if not settings.GPUSHARE_CACHE_AFFINITY:
+        return ""
+    scope = f"group:{cache_group}" if cache_group else f"tenant:{tenant_id}"
+    return f"{scope}/adapter:{adapter}" if adapter else scope
+
+
 def client_data(data: bytes, chunk: dict[str, Any], include_usage: bool) -> bytes | None:
     """What the client gets of a chunk: the platform always asks the engine for usage (to
     charge the real tokens); a client that did not ask for it gets chunks without it, as
@@ -76,6 +91,16 @@ def usage_counts(usage: dict[str, Any] | None) -> tuple[int, int] | None:
     return int(prompt or 0), int(usage.get("completion_tokens") or 0)
 
 
+def cached_tokens(usage: dict[str, Any] | None) -> int:
+    """The prompt tokens of an answer's usage that the engine's prefix cache held (vLLM's
+    `prompt_tokens_details.cached_tokens`, Responses' `input_tokens_details`; the engine
+    reports them with --enable-prompt-tokens-details); 0 when it says none."""
+    if not usage:
+        return 0
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+    return int(details.get("cached_tokens") or 0)
+
+
 # The events that end a Responses stream; the usage is in the response they carry.
 RESPONSE_END_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
 
@@ -90,6 +115,7 @@ class ResponseEvents:
         self.first_output = False
         self.ended = False
         self.counts: tuple[int, int] = (0, 0)
+        self.cached = 0  # of its prompt tokens, those the engine's prefix cache held
 
     def read(self, data: bytes) -> dict[str, Any]:
         """Reads one event (its JSON); returns it."""
@@ -99,6 +125,7 @@ class ResponseEvents:
             self.ended = True
             response = event.get("response") or {}
             self.counts = usage_counts(response.get("usage")) or self.counts
+            self.cached = cached_tokens(response.get("usage")) or self.cached
         self.first_output = self.first_output or kind.endswith(".delta")
         return event
 

@@ -74,6 +74,7 @@ class EngineLaunch:
     task: str = "generate"  # or "embed" (scheduler.models.EngineTask)
     max_loras: int = 0  # adapters loaded at once; 0: LoRA off
     max_lora_rank: int = 16
+    kv_blocks: int = 0  # its KV cache in blocks (GPUSHARE_ENGINE_KV_BLOCKS); 0: its footprint's
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,12 @@ def build_launch(
         "priority",
         "--middleware",
         GATE_MIDDLEWARE,
+        # Its usage says how many prompt tokens its prefix cache held (`cached_tokens`): the
+        # usage ledger's, and each tenant's prefix-cache hit rate.
+        "--enable-prompt-tokens-details",
     ]
+    if launch.kv_blocks > 0:
+        argv += ["--num-gpu-blocks-override", str(launch.kv_blocks)]
     if launch.task == "embed":
         # vLLM's pooling runner serves /v1/embeddings; a generative checkpoint is adapted to
         # embed (its default conversion), an embedding model runs as it is.

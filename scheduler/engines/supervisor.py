@@ -297,6 +297,7 @@ def _launch(engine: Engine) -> int:
             task=engine.task,
             max_loras=engine.max_loras,
             max_lora_rank=engine.max_lora_rank,
+            kv_blocks=int(settings.GPUSHARE_ENGINE_KV_BLOCKS),
         ),
         python=str(python),
         base_env=os.environ,

@@ -58,6 +58,7 @@ from protocol.inference import (
 from scheduler import worker_tasks
 from scheduler.adapters.selectors import adapter_base
 from scheduler.engines.auth import engine_auth_headers
+from scheduler.engines.calls import affinity_key
 from scheduler.models import Engine, EngineTask
 from scheduler.online.granted import GrantedStream
 from scheduler.online.trace import RequestTrace
@@ -448,6 +449,7 @@ async def _enqueue(
         "inbox": state.inbox.key,
         "max_waiting": settings.GPUSHARE_TENANT_MAX_WAITING,
         "summary": payload_summary(payload),
+        "affinity": affinity_key(api_key.tenant_id, tenant.cache_group, str(payload["adapter"])),
     }
     events = state.inbox.register(job_id)  # before the job can say anything
     # A task of its own, shielded: a client that leaves meanwhile does not cut the script's

@@ -38,6 +38,7 @@ from scheduler.engines.aio_client import AnswerTooLarge, AsyncEngineClient
 from scheduler.engines.auth import engine_api_key
 from scheduler.engines.calls import (
     ResponseEvents,
+    cached_tokens,
     client_data,
     engine_body,
     engine_path,
@@ -65,6 +66,7 @@ class Report:
     outcome: str = "success"  # or "refused", "engine_lost", "cancelled" (its client left)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # of its prompt tokens, those the engine's prefix cache held
     first_token_at: float | None = None
     status_code: int = 200
     detail: str = ""
@@ -164,6 +166,7 @@ class GrantedStream:
         # What the call has used so far: the engine's counts where it gave them, and when
         # its first token came; the pieces streamed are `growth.tokens`.
         self._counts: tuple[int, int] = (0, 0)
+        self._cached = 0
         self._first_token_at: float | None = None
         covered = grant.get("covered")
         self.growth = Growth(queue, job_id, self.attempt, -1 if covered is None else int(covered))
@@ -184,12 +187,13 @@ class GrantedStream:
                         spans.event(self.span, "first_token")
                     self.growth.add(len(chunk.get("choices") or ()))
                     self._counts = usage_counts(chunk.get("usage")) or self._counts
+                    self._cached = cached_tokens(chunk.get("usage")) or self._cached
                     passed_on = client_data(data, chunk, bool(self.call.get("include_usage")))
                     if passed_on is not None:
                         yield {"event": "chunk", "attempt": self.attempt, "raw": passed_on}
                 report = Report(
                     prompt_tokens=self._counts[0], completion_tokens=self._counts[1],
-                    first_token_at=self._first_token_at,
+                    cached_tokens=self._cached, first_token_at=self._first_token_at,
                 )  # fmt: skip
         except AnswerTooLarge as exc:
             report = replace(self._cut_short(), outcome="refused", status_code=exc.status_code)
@@ -256,7 +260,7 @@ class GrantedStream:
         self._counts = reading.counts
         self._report_of_events = Report(
             prompt_tokens=self._counts[0], completion_tokens=self._counts[1],
-            first_token_at=self._first_token_at,
+            cached_tokens=reading.cached, first_token_at=self._first_token_at,
         )  # fmt: skip
 
     def _body(self) -> dict[str, Any]:

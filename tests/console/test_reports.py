@@ -31,6 +31,7 @@ def ledger_row(
     completion: int = 50,
     outcome: str = "success",
     status: int = 200,
+    cached: int = 0,
 ) -> UsageRecord:
     """A finished request that held `units` for `seconds` before `finished`."""
     return UsageRecord.objects.create(
@@ -42,6 +43,7 @@ def ledger_row(
         status_code=status,
         prompt_tokens=prompt,
         completion_tokens=completion,
+        cached_tokens=cached,
         reserved_units=units,
         reserved_unit_seconds=units * seconds,
         queue_wait_ms=20,
@@ -146,6 +148,22 @@ def test_the_tenant_page_charts_tokens_reservations_and_latency(console: Client,
     assert 'stroke-dasharray="6 4"' in section  # the quota line
     assert 'data-series="latency p99"' in section
     assert "no data in this range" not in section
+
+
+def test_the_tenant_page_shows_its_prefix_cache_hit_rate_over_the_range(console: Client, redis_db):
+    acme = TenantFactory.create(slug="acme", quota_units=4)
+    now = timezone.now()
+    ledger_row(acme, now - timedelta(hours=3), seconds=1, units=1, prompt=1500, cached=1280)
+    ledger_row(acme, now - timedelta(hours=2), seconds=1, units=1, prompt=500, cached=0)
+    ledger_row(acme, now - timedelta(days=3), seconds=1, units=1, prompt=9000, cached=0)
+
+    html = console.get("/console/tenants/acme/").content.decode()
+
+    line = re.search(r'<p id="prefix-cache">(.*?)</p>', html, re.S)
+    assert line is not None
+    text = " ".join(line.group(1).split())
+    # The last 24 hours: 1,280 of 2,000 prompt tokens; the row of 3 days ago is outside.
+    assert "<strong>64 %</strong> of 2000 prompt tokens" in text
 
 
 def test_the_tenant_page_charts_a_month_per_day(console: Client, redis_db):

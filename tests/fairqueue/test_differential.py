@@ -37,7 +37,7 @@ def enqueue_both(fq: FairQueue, model: FairModel, job: ModelJob) -> None:
         fq.enqueue(
             tenant=job.tenant, pool="p", request_class=job.request_class,
             prompt_tokens=job.prompt_tokens, max_tokens=job.max_tokens, kv_bytes=job.kv_bytes,
-            job_id=job.job_id, now=0, seqs=job.seqs,
+            job_id=job.job_id, now=0, seqs=job.seqs, affinity=job.affinity,
         )  # fmt: skip
         got = ""
     except JobRejected as rejected:

@@ -114,10 +114,15 @@ def heads_admissible(model: FairModel, engine_id: str, within_quota_only: bool) 
 
 
 def random_job(op: tuple[str, int, int, int, int], serial: int) -> ModelJob:
-    """The job an `enqueue` operation makes: a tenant, a class, tokens, KV bytes and seats."""
+    """The job an `enqueue` operation makes: a tenant, a class, tokens, KV bytes, seats and
+    an affinity key (its tenant's, one in three with none)."""
     _, x, y, z, w = op
     tenant, request_class, kv_bytes = "abc"[x % 3], CLASSES[y % 3], 1 + (x + z) % 7
-    return ModelJob(f"j{serial}", tenant, request_class, 1 + z, 1 + w, kv_bytes, seqs=1 + w % 3)
+    affinity = "" if (y + z) % 3 == 0 else f"k-{tenant}"
+    return ModelJob(
+        f"j{serial}", tenant, request_class, 1 + z, 1 + w, kv_bytes, seqs=1 + w % 3,
+        affinity=affinity,
+    )  # fmt: skip
 
 
 def apply(model: FairModel, op: tuple[str, int, int, int, int], serial: int) -> None:

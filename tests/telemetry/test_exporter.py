@@ -83,11 +83,12 @@ def busy(
     queue.set_tenant_policy("acme", TenantPolicy(weight=1.0, quota_bytes=100 * UNIT_BYTES))
     queue.enqueue(tenant="acme", pool="m", request_class="interactive", prompt_tokens=1,
                   max_tokens=1, kv_bytes=UNIT_BYTES)  # fmt: skip
-    for wait_ms, ttft_ms, latency_ms in ((10, 40, 300), (2000, None, 6000)):
+    for wait_ms, ttft_ms, latency_ms, cached in ((10, 40, 300, 4), (2000, None, 6000, 0)):
         UsageRecord.objects.create(
             request_id=uuid.uuid4().hex, tenant=owner, model="m", request_class="standard",
-            outcome="success", prompt_tokens=7, completion_tokens=3, queue_wait_ms=wait_ms,
-            ttft_ms=ttft_ms, latency_ms=latency_ms, finished_at=datetime.now(tz=UTC),
+            outcome="success", prompt_tokens=7, completion_tokens=3, cached_tokens=cached,
+            queue_wait_ms=wait_ms, ttft_ms=ttft_ms, latency_ms=latency_ms,
+            finished_at=datetime.now(tz=UTC),
         )  # fmt: skip
     rejection_note(authorization=f"Bearer {owner_key.raw_key}", reason="rate_limit_exceeded",
                    status=429, request_class="", endpoint="chat", at=1.79e9)  # fmt: skip
@@ -299,6 +300,9 @@ def test_ledger_counters_and_histograms(busy: Tenant):
     assert value(samples, "gpushare_requests_total", outcome="success", **labels) == 2
     assert value(samples, "gpushare_tokens_total", kind="prompt", **labels) == 14
     assert value(samples, "gpushare_tokens_total", kind="completion", **labels) == 6
+    # Of its 14 prompt tokens, 4 were in an engine's prefix cache.
+    assert value(samples, "gpushare_cached_prompt_tokens_total", **labels) == 4
+    assert value(samples, "gpushare_prefix_cache_hit_ratio", tenant="acme") == pytest.approx(4 / 14)
     wait = "gpushare_admission_wait_seconds"
     assert value(samples, f"{wait}_count", **labels) == 2
     assert value(samples, f"{wait}_sum", **labels) == pytest.approx(2.01)

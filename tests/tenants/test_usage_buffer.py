@@ -118,7 +118,7 @@ def test_a_row_with_only_the_required_fields_gets_every_default(owner, redis_db)
         "request_id": "bare", "tenant_id": owner.pk, "api_key_id": None, "model": "m",
         "engine": "", "request_class": "standard", "batch_id": "", "endpoint": "",
         "end_user": "", "outcome": "success", "status_code": 200, "prompt_tokens": 0,
-        "completion_tokens": 0,
+        "completion_tokens": 0, "cached_tokens": 0,
         "reserved_units": 0, "reserved_unit_seconds": 0, "queue_wait_ms": 0, "ttft_ms": None,
         "latency_ms": 0, "error_code": "", "finished_at": datetime(2026, 11, 30, tzinfo=UTC),
         "requests": 1,

@@ -62,7 +62,8 @@ class Engine:
                 await asyncio.sleep(0.02)
             self.ran.append(run.job.job_id)
             return RunResult(
-                outcome="success", prompt_tokens=10, completion_tokens=5, finished_at=time.time(),
+                outcome="success", prompt_tokens=10, completion_tokens=5, cached_tokens=8,
+                finished_at=time.time(),
                 done_event={"event": "done", "attempt": run.job.attempt},
             )  # fmt: skip
         finally:
@@ -144,6 +145,7 @@ def test_each_run_is_released_with_its_tokens_answer_and_ledger_row(
     rows = [json.loads(row) for row in queue.redis.lrange(USAGE_PENDING_KEY, 0, -1)]
     assert sorted(row["request_id"] for row in rows) == sorted(ids)
     assert {(row["prompt_tokens"], row["completion_tokens"]) for row in rows} == {(10, 5)}
+    assert {row["cached_tokens"] for row in rows} == {8}  # the engine's prefix-cache hits
     assert {row["end_user"] for row in rows} == {"end-user-1"}  # the body's `user`
 
 
@@ -236,3 +238,38 @@ def test_a_picker_whose_pick_fails_tries_again_and_runs_the_work(
     assert failures == [POOL, POOL]
     assert "pick failed (Redis is failing over)" in caplog.text
     assert "dispatcher task failed" not in caplog.text
+
+
+def test_a_job_sent_to_the_engine_holding_its_prefix_leaves_its_seat_to_the_next(
+    queue, engine, dispatcher, summons, monkeypatch
+):
+    queue.set_engine_policy(EnginePolicy("e2", POOL, 100 * UNIT, SEATS))
+    queue.redis.hset(queue.keys.pool_affinity(POOL), "k-a", "e2")  # e2 holds k-a's prefix
+    ran = submit(queue)
+    first = queue.pick(POOL, "e1")
+    assert first is not None
+    assert first.job_id == ran.job_id
+    keyed = queue.enqueue(
+        tenant="acme", pool=POOL, request_class="standard", prompt_tokens=10, max_tokens=20,
+        kv_bytes=UNIT, payload=json.dumps(PAYLOAD), affinity="k-a",
+    )  # fmt: skip
+    plain = submit(queue)  # nothing wakes a picker: none runs yet
+    engine.open.set()
+    keyed_ends = threading.Event()  # the keyed job runs until the end of the test
+
+    async def run_picked(dispatcher: Dispatcher, run: Run) -> RunResult:
+        while run.job.job_id == keyed.job_id and not keyed_ends.is_set():
+            await asyncio.sleep(0.02)
+        return await engine.run_picked(dispatcher, run)
+
+    monkeypatch.setattr(dispatch_module, "run_picked", run_picked)
+
+    # The run on e1 ends; its release picks the keyed job for e1, which runs on e2, in the
+    # same task. The seat it left on e1 goes to the next job, through the process's picker.
+    dispatcher.run_soon(lambda d: d.chain(first, POOL))
+
+    assert wait_until(lambda: sorted(engine.ran) == sorted([ran.job_id, plain.job_id]))
+    keyed_now = queue.get_job(keyed.job_id)
+    assert keyed_now is not None
+    assert (keyed_now.state, keyed_now.engine_id) == ("running", "e2")
+    keyed_ends.set()

@@ -3,7 +3,7 @@ never the client's, keyed by the platform's secret; and usage only for a client 
 
 from __future__ import annotations
 
-from scheduler.engines.calls import cache_salt, engine_body
+from scheduler.engines.calls import affinity_key, cache_salt, cached_tokens, engine_body
 
 
 def body_for(tenant_id: int, cache_group: str = "", **fields: object) -> dict:
@@ -38,3 +38,24 @@ def test_the_salt_follows_the_platforms_secret(settings) -> None:
         assert cache_salt(7) != before  # not computable without the secret
     finally:
         cache_salt.cache_clear()
+
+
+def test_the_affinity_key_is_the_scope_of_the_salt(settings) -> None:
+    assert affinity_key(1) == affinity_key(1)
+    assert affinity_key(1) != affinity_key(2)
+    assert affinity_key(1, "research") == affinity_key(2, "research")  # the group's prefixes
+    assert affinity_key(5) != affinity_key(9, "5")
+    # An adapter's jobs go where the adapter and its own prefixes are.
+    assert affinity_key(1, adapter="support-bot") not in (affinity_key(1), "")
+    assert affinity_key(1, adapter="a") != affinity_key(1, adapter="b")
+    assert affinity_key(1, "research", "a") == affinity_key(2, "research", "a")
+    settings.GPUSHARE_CACHE_AFFINITY = False
+    assert affinity_key(1, adapter="a") == ""
+    assert affinity_key(1) == ""  # the job goes where the pick chooses
+
+
+def test_cached_tokens_are_read_from_either_kind_of_usage() -> None:
+    assert cached_tokens({"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 8}}) == 8
+    assert cached_tokens({"input_tokens": 9, "input_tokens_details": {"cached_tokens": 4}}) == 4
+    assert cached_tokens({"prompt_tokens": 9, "prompt_tokens_details": None}) == 0
+    assert cached_tokens(None) == 0

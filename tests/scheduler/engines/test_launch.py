@@ -54,6 +54,12 @@ def launch(**overrides: object) -> EngineLaunch:
     return EngineLaunch(**values)
 
 
+def options(argv: list[str]) -> dict[str, str]:
+    """The engine's options with a value, by name."""
+    valued = [arg for arg in argv[3:] if arg != "--enable-prompt-tokens-details"]
+    return dict(zip(valued[::2], valued[1::2], strict=True))
+
+
 def test_a_cpu_engine_gets_its_units_as_kv_space_in_gib() -> None:
     spec = build_launch(launch(), python="/venv/bin/python", base_env={"PATH": "/bin"}, api_key="k")
     assert spec.argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
@@ -61,7 +67,8 @@ def test_a_cpu_engine_gets_its_units_as_kv_space_in_gib() -> None:
     assert spec.env["HF_HUB_OFFLINE"] == "1"
     assert spec.env["PATH"] == "/bin"
     assert "--gpu-memory-utilization" not in spec.argv
-    args = dict(zip(spec.argv[3::2], spec.argv[4::2], strict=True))
+    assert "--enable-prompt-tokens-details" in spec.argv  # usage says the cached tokens
+    args = options(spec.argv)
     assert args == {
         "--model": "/models/tiny",
         "--served-model-name": "tiny",
@@ -76,7 +83,7 @@ def test_a_cpu_engine_gets_its_units_as_kv_space_in_gib() -> None:
 
 def test_an_embed_engine_runs_vllms_pooling_runner() -> None:
     spec = build_launch(launch(task="embed"), python="/venv/bin/python", base_env={}, api_key="k")
-    args = dict(zip(spec.argv[3::2], spec.argv[4::2], strict=True))
+    args = options(spec.argv)
     assert args["--runner"] == "pooling"
     plain = build_launch(launch(), python="/venv/bin/python", base_env={}, api_key="k")
     assert "--runner" not in plain.argv
@@ -106,6 +113,13 @@ def test_a_gpu_engine_gets_its_units_as_a_fraction_of_its_card() -> None:
     assert spec.argv[flag + 1] == "0.25"
     assert spec.env["CUDA_VISIBLE_DEVICES"] == "3"
     assert "VLLM_CPU_KVCACHE_SPACE" not in spec.env
+
+
+def test_a_kv_block_cap_overrides_the_engines_cache() -> None:
+    capped = build_launch(launch(kv_blocks=512), python="python", base_env={}, api_key="k")
+    assert options(capped.argv)["--num-gpu-blocks-override"] == "512"
+    plain = build_launch(launch(), python="python", base_env={}, api_key="k")
+    assert "--num-gpu-blocks-override" not in plain.argv
 
 
 def test_a_cpu_footprint_must_be_whole_gib() -> None:
