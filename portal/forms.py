@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from django import forms
 
 from protocol.classes import REQUEST_CLASSES
 from scheduler.batches.validation import ENDPOINTS_BY_PATH
-from tenants.models import MemberRole, Tenant
+from tenants.models import BudgetPeriod, MemberRole, Tenant
 
 
 class KeyForm(forms.Form):
@@ -33,6 +34,25 @@ class KeyForm(forms.Form):
     tpm_limit = forms.IntegerField(
         required=False, min_value=1, label="Tokens per minute", help_text="Empty: the tenant's."
     )
+    # The key's own spending budget (billing.MoneyBudget), made with the key.
+    budget_amount = forms.DecimalField(
+        required=False,
+        min_value=Decimal("0.01"),
+        decimal_places=2,
+        label="Spending budget",
+        help_text="In the platform's currency, at its prices; empty: none of its own.",
+    )
+    budget_period = forms.ChoiceField(
+        required=False, choices=BudgetPeriod.choices, initial=BudgetPeriod.MONTH,
+        label="Budget period",
+    )  # fmt: skip
+    budget_hard_stop = forms.BooleanField(
+        required=False,
+        label="Stop the key at its budget",
+        help_text="Refuse its calls once the period's spend reaches the budget; else alerts only.",
+    )
+
+    BUDGET_FIELDS = ("budget_amount", "budget_period", "budget_hard_stop")
 
     def __init__(self, *args: Any, tenant: Tenant, models: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -1,19 +1,23 @@
-"""The keys page: the tenant's API keys, making one (shown once) and revoking one."""
+"""The keys page: the tenant's API keys, making one (shown once, with its own spending
+budget where one is given) and revoking one."""
 
 from __future__ import annotations
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from plumbing.errors import NotFound
+from billing.selectors import currency
+from billing.services import budget_set
+from plumbing.errors import DomainError, NotFound
 from portal.access import page_context, portal_page
 from portal.forms import KeyForm
 from scheduler.selectors import engine_list
 from tenants import selectors, services
-from tenants.models import Membership
+from tenants.models import BudgetPeriod, Membership
 
 
 def _served_models() -> list[str]:
@@ -32,8 +36,12 @@ def key_list(request: HttpRequest, membership: Membership) -> HttpResponse:
 def _render(
     request: HttpRequest, membership: Membership, form: KeyForm, status: int = 200
 ) -> HttpResponse:
-    keys = selectors.api_key_list(tenant=membership.tenant).order_by("revoked_at", "-created_at")
-    context = page_context(membership, "keys", keys=keys, form=form)
+    keys = (
+        selectors.api_key_list(tenant=membership.tenant)
+        .prefetch_related("money_budgets")
+        .order_by("revoked_at", "-created_at")
+    )
+    context = page_context(membership, "keys", keys=keys, form=form, currency=currency())
     return render(request, "portal/keys.html", context, status=status)
 
 
@@ -42,11 +50,21 @@ def _render(
 def key_create(request: HttpRequest, membership: Membership) -> HttpResponse:
     form = _form(membership, request.POST)
     if form.is_valid():
+        fields = dict(form.cleaned_data)
+        amount, period, hard_stop = (fields.pop(name) for name in KeyForm.BUDGET_FIELDS)
         try:
-            issued = services.api_key_create(tenant=membership.tenant, **form.cleaned_data)
+            with transaction.atomic():  # the key and its budget, or neither
+                issued = services.api_key_create(tenant=membership.tenant, **fields)
+                if amount is not None:
+                    budget_set(
+                        tenant=membership.tenant, api_key=issued.api_key, amount=amount,
+                        period=period or BudgetPeriod.MONTH, hard_stop=hard_stop,
+                    )  # fmt: skip
         except ValidationError as exc:
             for field, errors in exc.message_dict.items():
                 form.add_error(field if field in form.fields else None, errors)
+        except DomainError as exc:
+            form.add_error("budget_amount", str(exc))
         else:
             # The raw key is in this answer only, never in a message or the session.
             context = page_context(membership, "keys", issued=issued)

@@ -1,7 +1,7 @@
 """A tenant's person in a real Chromium against the running platform and a real vLLM CPU
 engine: signs in through a real OpenID Connect provider, makes a key and calls the API with
-it, finds the call in usage and by its x-request-id, uploads and runs a batch and downloads
-its output, and revokes the key."""
+it (with a spending budget of its own), finds the call in usage and spend and by its
+x-request-id, uploads and runs a batch and downloads its output, and revokes the key."""
 
 from __future__ import annotations
 
@@ -73,7 +73,10 @@ def test_a_tenants_person_signs_in_makes_a_key_uses_it_runs_a_batch_and_revokes_
     platform.shell(
         "from tenants.models import Tenant; from tenants.memberships import invitation_create; "
         f"invitation_create(tenant=Tenant.objects.get(slug='{slug}'), email='{EMAIL}', "
-        "role='member', invited_by=None); print(1)"
+        "role='member', invited_by=None); "
+        # Every prompt token at 1: the call's spend is its prompt's length.
+        f"from billing.services import price_set; price_set(model='{MODEL}', "
+        "input_per_million=1000000); print(1)"
     )
     base = platform.base_url
 
@@ -89,6 +92,7 @@ def test_a_tenants_person_signs_in_makes_a_key_uses_it_runs_a_batch_and_revokes_
     # A key, shown once, that works.
     page.click("text=Keys")
     page.fill("#id_name", "browser")
+    page.fill("#id_budget_amount", "100")
     page.click("#key-form button[type=submit]")
     key = page.locator("#raw-key").inner_text()
     answer = _chat(platform, key)
@@ -101,6 +105,9 @@ def test_a_tenants_person_signs_in_makes_a_key_uses_it_runs_a_batch_and_revokes_
     page.goto(f"{base}/portal/t/{slug}/usage/")
     expect(page.locator("#today-requests")).to_have_text("1")
     expect(page.locator("#by-api_key")).to_contain_text("browser")
+    prompt_tokens = answer.json()["usage"]["prompt_tokens"]
+    expect(page.locator("#today-spend")).to_have_text(f"{prompt_tokens}.0000 USD")
+    expect(page.locator("#budgets")).to_contain_text("100.00 USD")
     screenshot(page, "portal-usage")
 
     # A batch: upload, run, watch, download.

@@ -5,12 +5,16 @@ things, and a person never sees another tenant's keys, usage, files, batches or 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
 
+from audit.models import AuditEvent
+from billing.models import MoneyBudget
+from billing.services import budget_set, price_set
 from scheduler.batches import files
 from scheduler.batches import service as batches
 from scheduler.models import Batch
@@ -113,6 +117,45 @@ def test_a_new_key_is_shown_once_with_its_limits_and_a_viewer_may_not_make_one(w
     assert key.prefix in answer.content.decode()
     viewer = _person(owner, "victor", MemberRole.VIEWER)
     assert viewer.post("/portal/t/acme/keys/new/", {"name": "x"}).status_code == 403
+
+
+def test_a_key_made_with_a_budget_has_it_and_the_keys_page_shows_it(world, alice, owner):
+    answer = alice.post(
+        "/portal/t/acme/keys/new/",
+        {"name": "capped", "default_class": "standard", "budget_amount": "5",
+         "budget_period": "day", "budget_hard_stop": "on"},
+    )  # fmt: skip
+    assert answer.status_code == 200
+    key = ApiKey.objects.get(tenant=owner, name="capped")
+    budget = MoneyBudget.objects.get(api_key=key)
+    assert (budget.tenant, budget.amount, budget.period, budget.hard_stop) == (
+        owner, Decimal("5"), "day", True,
+    )  # fmt: skip
+    assert AuditEvent.objects.filter(action="budget.create", object_id=str(budget.pk)).exists()
+    page = alice.get("/portal/t/acme/keys/").content.decode()
+    assert "5.00 USD / day, stops" in page
+    # A budget the billing refuses leaves no key behind.
+    refused = alice.post(
+        "/portal/t/acme/keys/new/",
+        {"name": "refused", "default_class": "standard", "budget_amount": "0"},
+    )
+    assert refused.status_code == 400
+    assert not ApiKey.objects.filter(tenant=owner, name="refused").exists()
+
+
+def test_usage_shows_the_tenants_spend_and_budgets_only(world, alice, owner, outsider):
+    price_set(model="model-acme", input_per_million=1_000_000, output_per_million=2_000_000)
+    price_set(model="model-globex", input_per_million=9_000_000)
+    budget_set(tenant=owner, amount="50", period="month")
+    budget_set(tenant=outsider, amount="777", period="month")
+    page = alice.get("/portal/t/acme/usage/").content.decode()
+    # 11 prompt tokens at 1 and 7 completion tokens at 2 per token: 25.
+    assert '<dd id="range-spend">25.0000 USD</dd>' in page
+    assert '<dd id="today-spend">25.0000 USD</dd>' in page
+    assert '<td class="num spend">25.0000</td>' in page  # by day, model, key and end user
+    assert "25.0000 (50 %)" in page  # the tenant's monthly budget of 50
+    assert "777" not in page
+    assert "99.0000" not in page  # globex's 11 tokens at 9
 
 
 def test_usage_shows_only_the_tenants_requests(world, alice):
