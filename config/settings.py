@@ -293,6 +293,8 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # A tenant's token budget and a money budget share their periods: one enum in the schema.
+    "ENUM_NAME_OVERRIDES": {"BudgetPeriodEnum": "tenants.models.BudgetPeriod"},
     # Served from the sidecar package: the UI works with no internet access.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

@@ -23,7 +23,8 @@ SECOND = f"{MODEL}-b"
 @pytest.fixture(scope="module")
 def two_engines(platform_server: Platform) -> Iterator[dict[str, tuple[str, str]]]:
     """The session's engine and a second one serving the same model (one pool): each
-    engine's address and key, for its own /metrics. The second stops at the module's end."""
+    engine's address and key, for its own /metrics. The second stops and goes at the
+    module's end."""
     port = str(free_port(avoid={platform_server.port}))
     platform_server.manage(
         "engine", "create", SECOND, "--served-model-name", MODEL, "--units", "4", "--port",
@@ -40,7 +41,13 @@ def two_engines(platform_server: Platform) -> Iterator[dict[str, tuple[str, str]
             for name in (MODEL, SECOND)
         }
     finally:
+        # Stopped and removed: a stopped engine still holds its units on the device, which
+        # the other modules' engines need.
         platform_server.manage("engine", "stop", SECOND, timeout=120)
+        platform_server.shell(
+            f"from scheduler.models import Engine as E; E.objects.filter(name='{SECOND}')"
+            ".delete(); print('null')"
+        )
 
 
 def cache_counters(engines: dict[str, tuple[str, str]]) -> dict[str, tuple[float, float]]:
