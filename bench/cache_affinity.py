@@ -33,7 +33,8 @@ windows together, it prints: the prefix-cache hit rate (the engines' own
 vllm:prefix_cache_hits / vllm:prefix_cache_queries, both engines together, and each
 engine's), TTFT p50 and p99, throughput (requests and output tokens per second finished in
 the windows), Jain's index over the tenants' output tokens in the windows, and the requests
-each engine ran (its vllm:request_success count).
+each engine ran (its vllm:request_success count); below, the TTFT p50 of the requests whose
+usage says the cache held half their prompt or more, and of the others.
 
     .venv/bin/python bench/cache_affinity.py                    # both modes, 2 rounds
     .venv/bin/python bench/cache_affinity.py --modes affinity --rounds 1 --duration-s 30
@@ -290,7 +291,7 @@ async def tenant_loop(
         records.append({
             "tenant": slug, "ok": outcome.ok, "ttft": outcome.ttft, "error": outcome.error,
             "finished": outcome.finished_at, "prompt_tokens": outcome.prompt_tokens,
-            "completion_tokens": outcome.completion_tokens,
+            "completion_tokens": outcome.completion_tokens, "cached": outcome.cached_tokens,
         })  # fmt: skip
         await asyncio.sleep(rng.expovariate(1 / think_s) if think_s > 0 else 0)
 
@@ -344,6 +345,9 @@ def summary(mode: str, load: Load, results: list[dict[str, Any]]) -> dict[str, A
     hits = sum(d["hits"] for d in delta.values())
     queries = sum(d["queries"] for d in delta.values())
     ttfts = [r["ttft"] for r in inside]
+    # A hit: the engine's cache held at least half the prompt (its tenant's system prompt).
+    hit = [r["ttft"] for r in inside if r["cached"] * 2 >= r["prompt_tokens"] > 0]
+    miss = [r["ttft"] for r in inside if not r["cached"] * 2 >= r["prompt_tokens"] > 0]
     tokens = dict.fromkeys(TENANTS, 0.0)
     for r in inside:
         tokens[r["tenant"]] += r["completion_tokens"]
@@ -360,6 +364,9 @@ def summary(mode: str, load: Load, results: list[dict[str, Any]]) -> dict[str, A
         "engine_requests": {n: int(d["requests"]) for n, d in delta.items()},
         "ttft_p50_ms": percentile(ttfts, 0.5) * 1000 if ttfts else float("nan"),
         "ttft_p99_ms": percentile(ttfts, 0.99) * 1000 if ttfts else float("nan"),
+        "hit_requests": len(hit),
+        "ttft_p50_hit_ms": percentile(hit, 0.5) * 1000,
+        "ttft_p50_miss_ms": percentile(miss, 0.5) * 1000,
         "requests_s": len(inside) / window,
         "tokens_s": sum(tokens.values()) / window,
         "jain": jain_index(list(tokens.values())),
@@ -393,6 +400,12 @@ def print_rows(rows: list[dict[str, Any]]) -> None:
             f"\n{a['mode']} against {b['mode']}: TTFT p50 {p50:+.0%}, "
             f"p99 {a['ttft_p99_ms'] / b['ttft_p99_ms'] - 1:+.0%}, "
             f"throughput (tokens/s) {a['tokens_s'] / b['tokens_s'] - 1:+.0%}"
+        )
+    for row in rows:
+        print(
+            f"{row['mode']}: {row['hit_requests']} of {row['requests']} requests found half "
+            f"their prompt or more cached (usage cached_tokens), TTFT p50 "
+            f"{row['ttft_p50_hit_ms']:.0f} ms; the others {row['ttft_p50_miss_ms']:.0f} ms"
         )
     for row in rows:
         if row["first_error"]:
