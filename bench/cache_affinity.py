@@ -16,9 +16,11 @@ modes alternate in one run (--rounds rounds, each mode once per round, the order
 every other round: A B B A), and the machine's other load falls on both alike.
 
 The engines serve a model generated for the bench (scripts/make_tiny_model.py --layers
---hidden --intermediate, default 6 layers 384 wide, into the var directory): the demo model
+--hidden --intermediate, default 2 layers 256 wide, into the var directory): the demo model
 (2 layers, 128 wide; --model-shape demo) prefills a whole prompt in a few milliseconds on the
-CPU, so that a prefix-cache hit saves nothing measurable.
+CPU, so that a prefix-cache hit saves nothing measurable, while on a model much larger than
+the default, two engines on 2 cores take seconds over each prompt they miss, and every
+request of that engine waits for it.
 
 Load (--loads, each OUTSTANDING:THINK_S): each tenant keeps OUTSTANDING streamed chat
 requests open (closed loops), its system prompt (about --prompt-tokens tokens, its own words)
@@ -426,7 +428,7 @@ def parse_args() -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=2, help="windows of each mode per load")
     parser.add_argument(
-        "--model-shape", default="6,384,1024",
+        "--model-shape", default="2,256,768",
         help="LAYERS,HIDDEN,INTERMEDIATE of the bench's model, or 'demo' for the demo model",
     )  # fmt: skip
     parser.add_argument("--kv-blocks", type=int, default=64)
