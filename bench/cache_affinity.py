@@ -1,27 +1,45 @@
 """Prefix-cache affinity against most-room routing: two engines in one pool, 8 tenants, each
 with its own long system prompt and short questions.
 
-Starts the platform as `make run` does (`bash scripts/run.sh`, see bench/serve_bench.py) once
-per mode, with a second demo engine in the demo's pool, and each engine's KV cache capped
+Starts the platform once as `make run` does (`bash scripts/run.sh`, see bench/serve_bench.py),
+with a second engine in the demo's pool and each engine's KV cache capped
 (GPUSHARE_ENGINE_KV_BLOCKS, default 64 blocks of 128 tokens: about half the tenants' prompts
 fit in one engine, so an engine that serves every tenant evicts them). The platform runs on
 ports of its own (8040, engines 8140 and 8141), its own var directory and database, so it
-never meets a `make run` platform of this machine. Modes: `affinity` (GPUSHARE_CACHE_AFFINITY
-on: a job runs on the engine that ran its tenant's latest job where that one can run it at
-once) and `most-room` (off: the engine with the most free KV, the routing before affinity).
+never meets a `make run` platform of this machine. The modes differ only in the web that
+takes the requests: GPUSHARE_CACHE_AFFINITY is read where a job is enqueued (its affinity
+key, scheduler/engines/calls.py), so run.sh's web (8040) runs with it on, `affinity`: a job
+runs on the engine that ran its tenant's latest job where that one can run it at once; and a
+second web of the same platform (8041) with it off, `most-room`: the engine with the most free
+KV, the routing before affinity. Both share the workers, the queue and the engines, so the
+modes alternate in one run (--rounds rounds, each mode once per round, the order reversed
+every other round: A B B A), and the machine's other load falls on both alike.
 
-Load: each tenant a closed loop (--outstanding requests open) of streamed chat requests,
-its system prompt (about --prompt-tokens tokens, its own words) and a short question,
---max-tokens tokens (ignore_eos), with a random think time (exponential, mean --think-s)
-between its requests, so that requests arrive at engines in every state; --warmup-s, then
-a --duration-s window. Per mode it prints: the prefix-cache hit rate (the engines' own
-vllm:prefix_cache_hits / vllm:prefix_cache_queries over the window, both engines together,
-and each engine's), TTFT p50 and p99, throughput (requests and output tokens per second
-finished in the window), Jain's index over the tenants' output tokens in the window, and the
-requests each engine ran (its vllm:request_success count).
+The engines serve a model generated for the bench (scripts/make_tiny_model.py --layers
+--hidden --intermediate, default 2 layers 256 wide, into the var directory): the demo model
+(2 layers, 128 wide; --model-shape demo) prefills a whole prompt in a few milliseconds on the
+CPU, so that a prefix-cache hit saves nothing measurable, while on a model much larger than
+the default, two engines on 2 cores take seconds over each prompt they miss, and every
+request of that engine waits for it.
 
-    .venv/bin/python bench/cache_affinity.py                    # both modes, one run each
-    .venv/bin/python bench/cache_affinity.py --modes affinity --duration-s 30
+Load (--loads, each OUTSTANDING:THINK_S): each tenant keeps OUTSTANDING streamed chat
+requests open (closed loops), its system prompt (about --prompt-tokens tokens, its own words)
+and a short question, --max-tokens tokens (ignore_eos), with a random think time
+(exponential, mean THINK_S; 0: none) between its requests. Every tenant has the weight 1.
+The default loads are 1:0.5, tenants that pause, so that both engines often have room when a
+request comes and the routing has a choice to make; and 2:0, every tenant backlogged (16
+requests open, more than the engines' KV holds at once), so that the fair queue decides each
+tenant's share, while affinity can move a job only to an engine with room for it now. For
+each load, round and mode: --warmup-s, then a --duration-s window. Per load and mode, over its
+windows together, it prints: the prefix-cache hit rate (the engines' own
+vllm:prefix_cache_hits / vllm:prefix_cache_queries, both engines together, and each
+engine's), TTFT p50 and p99, throughput (requests and output tokens per second finished in
+the windows), Jain's index over the tenants' output tokens in the windows, and the requests
+each engine ran (its vllm:request_success count); below, the TTFT p50 of the requests whose
+usage says the cache held half their prompt or more, and of the others.
+
+    .venv/bin/python bench/cache_affinity.py                    # both modes, 2 rounds
+    .venv/bin/python bench/cache_affinity.py --modes affinity --rounds 1 --duration-s 30
 
 On 2 shared cores the engines, the platform and the client share the CPU: figures are
 pessimistic and noisy; compare the two modes of one run.
@@ -38,6 +56,8 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -46,9 +66,18 @@ import httpx
 import redis
 from common import REPO, http_client, jain_index, percentile, stream_request
 from psycopg import sql
-from serve_bench import manage, print_header, stop_platform, vllm_python, wait_for_free_ports
+from serve_bench import (
+    VENV_PYTHON,
+    manage,
+    print_header,
+    stop_platform,
+    vllm_python,
+    wait_for_free_ports,
+)
 
 PORT, ENGINE_PORTS = 8040, (8140, 8141)
+MOST_ROOM_PORT = 8041  # the second web, GPUSHARE_CACHE_AFFINITY off
+MODE_PORTS = {"affinity": PORT, "most-room": MOST_ROOM_PORT}
 ENGINES = ("demo", "demo-b")
 MODEL = "demo"
 TENANTS = [f"bench-aff-{i}" for i in range(1, 9)]
@@ -64,7 +93,22 @@ QUESTIONS = [
 ]  # fmt: skip
 
 
-def platform_env(args: argparse.Namespace, affinity: bool) -> dict[str, str]:
+def model_dir(args: argparse.Namespace) -> Path:
+    """The engines' model: the demo model, or one of --model-shape made for the bench (a
+    folder per shape: make_tiny_model.py leaves a complete folder as it is)."""
+    if args.model_shape == "demo":
+        return (REPO / "var" / "models" / "tiny-llama").resolve()
+    layers, hidden, intermediate = (int(v) for v in args.model_shape.split(","))
+    target = Path(args.var_dir).resolve() / "models" / f"llama-{layers}x{hidden}x{intermediate}"
+    subprocess.run(
+        [vllm_python(), "scripts/make_tiny_model.py", str(target), "--layers", str(layers),
+         "--hidden", str(hidden), "--intermediate", str(intermediate)],
+        cwd=REPO, check=True, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    return target
+
+
+def platform_env(args: argparse.Namespace, model: Path) -> dict[str, str]:
     var = Path(args.var_dir)
     (var / "log").mkdir(parents=True, exist_ok=True)
     return {
@@ -73,10 +117,10 @@ def platform_env(args: argparse.Namespace, affinity: bool) -> dict[str, str]:
         "REDIS_URL": args.redis_url,
         "GPUSHARE_PORT": str(PORT),
         "GPUSHARE_DEMO_ENGINE_PORT": str(ENGINE_PORTS[0]),
-        "GPUSHARE_DEMO_MODEL_DIR": str((REPO / "var" / "models" / "tiny-llama").resolve()),
+        "GPUSHARE_DEMO_MODEL_DIR": str(model),
         "GPUSHARE_VLLM_PYTHON": vllm_python(),
         "GPUSHARE_ENGINE_KV_BLOCKS": str(args.kv_blocks),
-        "GPUSHARE_CACHE_AFFINITY": "true" if affinity else "false",
+        "GPUSHARE_CACHE_AFFINITY": "true",
     }
 
 
@@ -95,15 +139,17 @@ def fresh_database(url: str) -> None:
 
 
 @contextmanager
-def started_platform(args: argparse.Namespace, affinity: bool) -> Iterator[str]:
-    """run.sh with this bench's environment, and the second engine; yields the demo key."""
+def started_platform(args: argparse.Namespace, model: Path) -> Iterator[str]:
+    """run.sh with this bench's environment, the second engine and the second web; yields
+    the demo key."""
     base = f"http://127.0.0.1:{PORT}"
-    wait_for_free_ports([base, *(f"http://127.0.0.1:{p}" for p in ENGINE_PORTS)], 300)
-    os.environ.update(platform_env(args, affinity))  # for run.sh and every manage.py call
+    ports = [PORT, MOST_ROOM_PORT, *ENGINE_PORTS]
+    wait_for_free_ports([f"http://127.0.0.1:{p}" for p in ports], 300)
+    os.environ.update(platform_env(args, model))  # for run.sh and every manage.py call
     redis.Redis.from_url(args.redis_url).flushdb()
     fresh_database(args.database_url)
     credentials = Path(args.var_dir) / "demo-credentials.json"
-    log_path = Path(args.var_dir) / "log" / f"run-{'affinity' if affinity else 'most-room'}.log"
+    log_path = Path(args.var_dir) / "log" / "run.log"
     print(f"starting the platform: bash scripts/run.sh (log: {log_path})", flush=True)
     started = time.time()
     with log_path.open("wb") as log:
@@ -111,6 +157,7 @@ def started_platform(args: argparse.Namespace, affinity: bool) -> Iterator[str]:
             ["bash", "scripts/run.sh"], cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
+    web: subprocess.Popen[bytes] | None = None
     try:
         key = ""
         deadline = time.monotonic() + 600
@@ -123,6 +170,7 @@ def started_platform(args: argparse.Namespace, affinity: bool) -> Iterator[str]:
                     key = json.loads(credentials.read_text())["demo_api_key"]
             time.sleep(2)
         print(f"the platform serves (after {time.time() - started:.0f} s)", flush=True)
+        web = second_web(Path(args.var_dir) / "log" / "web-most-room.log")
         manage(
             "engine", "create", ENGINES[1], "--served-model-name", MODEL, "--port",
             str(ENGINE_PORTS[1]), "--max-model-len", "2048", "--max-num-seqs", "16",
@@ -134,11 +182,39 @@ def started_platform(args: argparse.Namespace, affinity: bool) -> Iterator[str]:
     finally:
         with suppress(Exception):
             manage("engine", "stop", ENGINES[1], check=False)
+        if web is not None:
+            web.terminate()
+            with suppress(subprocess.TimeoutExpired):
+                web.wait(timeout=20)
+            if web.poll() is None:
+                web.kill()
         stop_platform(run)
 
 
+def second_web(log_path: Path) -> subprocess.Popen[bytes]:
+    """The web as run.sh starts it (its access log on too, so that both webs spend alike), on
+    MOST_ROOM_PORT with GPUSHARE_CACHE_AFFINITY off."""
+    env = {**os.environ, "GPUSHARE_CACHE_AFFINITY": "false"}
+    with log_path.open("wb") as log:
+        web = subprocess.Popen(
+            [str(VENV_PYTHON), "-m", "plumbing.serve", "config.asgi:application", "--host",
+             "127.0.0.1", "--port", str(MOST_ROOM_PORT), "--log-level", "info"],
+            cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while True:
+        if web.poll() is not None or time.monotonic() > deadline:
+            web.kill()
+            raise SystemExit(f"the second web did not serve:\n{log_path.read_text()[-3000:]}")
+        with suppress(httpx.HTTPError):
+            url = f"http://127.0.0.1:{MOST_ROOM_PORT}/readyz"
+            if httpx.get(url, timeout=5).status_code == 200:
+                return web
+        time.sleep(1)
+
+
 def tenant_key(slug: str) -> str:
-    policy = ["--quota-units", "16", "--classes", "interactive", "standard"]
+    policy = ["--weight", "1", "--quota-units", "16", "--classes", "interactive", "standard"]
     if manage("tenant", "show", slug, "--json", check=False).returncode == 0:
         manage("tenant", "update", slug, *policy, "--activate")
         options = ["--name", "cache-affinity", "--class", "interactive", "--json"]
@@ -153,11 +229,17 @@ def system_prompt(slug: str, tokens: int) -> str:
     return f"You are the assistant of {slug}. " + " ".join(words)
 
 
+@cache
+def engine_key(name: str) -> str:
+    """What the engine's /metrics accepts; read once (a manage.py call costs the load's CPU)."""
+    return manage("engine", "key", name).stdout.strip()
+
+
 def engine_metrics() -> dict[str, dict[str, float]]:
     """Each engine's prefix-cache hits and queries (tokens) and finished requests."""
     found: dict[str, dict[str, float]] = {}
     for name, port in zip(ENGINES, ENGINE_PORTS, strict=True):
-        key = manage("engine", "key", name).stdout.strip()
+        key = engine_key(name)
         text = httpx.get(
             f"http://127.0.0.1:{port}/metrics",
             headers={"Authorization": f"Bearer {key}"},
@@ -176,13 +258,26 @@ def engine_metrics() -> dict[str, dict[str, float]]:
     return found
 
 
+@dataclass(frozen=True)
+class Load:
+    outstanding: int  # requests each tenant keeps open
+    think_s: float  # mean think time between a tenant's requests; 0: none
+
+    @property
+    def label(self) -> str:
+        return f"{self.outstanding}:{self.think_s:g}"
+
+    def describe(self) -> str:
+        think = f"think {self.think_s:g} s" if self.think_s > 0 else "no think time"
+        return f"{self.outstanding} open per tenant, {think}"
+
+
 async def tenant_loop(
-    client: httpx.AsyncClient, key: str, slug: str, args: argparse.Namespace,
-    stop_at: float, records: list[dict[str, Any]],
+    client: httpx.AsyncClient, url: str, key: str, slug: str, args: argparse.Namespace,
+    think_s: float, stop_at: float, records: list[dict[str, Any]],
 ) -> None:  # fmt: skip
     rng = random.Random(f"{slug}-think")
     prompt = system_prompt(slug, args.prompt_tokens)
-    url = f"http://127.0.0.1:{PORT}/v1/chat/completions"
     n = 0
     while time.perf_counter() < stop_at:
         n += 1
@@ -198,53 +293,71 @@ async def tenant_loop(
         records.append({
             "tenant": slug, "ok": outcome.ok, "ttft": outcome.ttft, "error": outcome.error,
             "finished": outcome.finished_at, "prompt_tokens": outcome.prompt_tokens,
-            "completion_tokens": outcome.completion_tokens,
+            "completion_tokens": outcome.completion_tokens, "cached": outcome.cached_tokens,
         })  # fmt: skip
-        await asyncio.sleep(rng.expovariate(1 / args.think_s) if args.think_s > 0 else 0)
+        await asyncio.sleep(rng.expovariate(1 / think_s) if think_s > 0 else 0)
 
 
-async def load(keys: dict[str, str], args: argparse.Namespace) -> list[dict[str, Any]]:
+async def run_load(
+    keys: dict[str, str], args: argparse.Namespace, url: str, load: Load
+) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     stop_at = time.perf_counter() + args.warmup_s + args.duration_s
-    async with http_client(len(keys) * args.outstanding) as client:
+    async with http_client(len(keys) * load.outstanding) as client:
         loops = [
-            tenant_loop(client, key, slug, args, stop_at, records)
+            tenant_loop(client, url, key, slug, args, load.think_s, stop_at, records)
             for slug, key in keys.items()
-            for _ in range(args.outstanding)
+            for _ in range(load.outstanding)
         ]
         await asyncio.gather(*loops)
     return records
 
 
-async def measured(keys: dict[str, str], args: argparse.Namespace) -> dict[str, Any]:
-    """The load, with the engines' counters read as the window opens and as it closes."""
-    task = asyncio.ensure_future(load(keys, args))
+async def measured(
+    keys: dict[str, str], args: argparse.Namespace, mode: str, load: Load
+) -> dict[str, Any]:
+    """One window of a mode: the load through the mode's web, with the engines' counters read
+    as the window opens and as it closes. The load stops at the window's end, and its open
+    requests finish before the next window's warm-up begins."""
+    url = f"http://127.0.0.1:{MODE_PORTS[mode]}/v1/chat/completions"
+    task = asyncio.ensure_future(run_load(keys, args, url, load))
     await asyncio.sleep(args.warmup_s)
     opened, before = time.perf_counter(), await asyncio.to_thread(engine_metrics)
     await asyncio.sleep(args.duration_s)
     closed, after = time.perf_counter(), await asyncio.to_thread(engine_metrics)
     records = await task
-    inside = [r for r in records if r["ok"] and opened <= r["finished"] <= closed]
-    return {"window": closed - opened, "before": before, "after": after, "records": records,
-            "inside": inside}  # fmt: skip
-
-
-def summary(mode: str, result: dict[str, Any]) -> dict[str, Any]:
-    inside, window = result["inside"], result["window"]
     fields = ("hits", "queries", "requests")
+    return {
+        "window": closed - opened,
+        "delta": {n: {f: after[n][f] - before[n][f] for f in fields} for n in ENGINES},
+        "records": records,
+        "inside": [r for r in records if r["ok"] and opened <= r["finished"] <= closed],
+    }
+
+
+def summary(mode: str, load: Load, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """A mode's windows of one load, together."""
+    window = sum(r["window"] for r in results)
+    inside = [rec for r in results for rec in r["inside"]]
+    every = [rec for r in results for rec in r["records"]]
     delta = {
-        name: {f: result["after"][name][f] - result["before"][name][f] for f in fields}
-        for name in ENGINES
+        n: {f: sum(r["delta"][n][f] for r in results) for f in ("hits", "queries", "requests")}
+        for n in ENGINES
     }
     hits = sum(d["hits"] for d in delta.values())
     queries = sum(d["queries"] for d in delta.values())
     ttfts = [r["ttft"] for r in inside]
+    # A hit: the engine's cache held at least half the prompt (its tenant's system prompt).
+    hit = [r["ttft"] for r in inside if r["cached"] * 2 >= r["prompt_tokens"] > 0]
+    miss = [r["ttft"] for r in inside if not r["cached"] * 2 >= r["prompt_tokens"] > 0]
     tokens = dict.fromkeys(TENANTS, 0.0)
     for r in inside:
         tokens[r["tenant"]] += r["completion_tokens"]
-    errors = [r for r in result["records"] if not r["ok"]]
+    errors = [r for r in every if not r["ok"]]
     return {
         "mode": mode,
+        "load": load.label,
+        "windows": len(results),
         "hit_rate": hits / queries if queries else float("nan"),
         "engine_hit_rates": {
             n: (d["hits"] / d["queries"] if d["queries"] else float("nan"))
@@ -253,6 +366,9 @@ def summary(mode: str, result: dict[str, Any]) -> dict[str, Any]:
         "engine_requests": {n: int(d["requests"]) for n, d in delta.items()},
         "ttft_p50_ms": percentile(ttfts, 0.5) * 1000 if ttfts else float("nan"),
         "ttft_p99_ms": percentile(ttfts, 0.99) * 1000 if ttfts else float("nan"),
+        "hit_requests": len(hit),
+        "ttft_p50_hit_ms": percentile(hit, 0.5) * 1000,
+        "ttft_p50_miss_ms": percentile(miss, 0.5) * 1000,
         "requests_s": len(inside) / window,
         "tokens_s": sum(tokens.values()) / window,
         "jain": jain_index(list(tokens.values())),
@@ -263,8 +379,7 @@ def summary(mode: str, result: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def print_table(rows: list[dict[str, Any]]) -> None:
-    print()
+def print_rows(rows: list[dict[str, Any]]) -> None:
     head = (
         f"{'mode':<10} {'hit rate':>8} {'TTFT p50':>9} {'TTFT p99':>9} {'req/s':>6} "
         f"{'tok/s':>7} {'Jain':>6} {'requests':>8} {'errors':>6}  per engine (hit rate, requests)"
@@ -289,48 +404,87 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"throughput (tokens/s) {a['tokens_s'] / b['tokens_s'] - 1:+.0%}"
         )
     for row in rows:
+        print(
+            f"{row['mode']}: {row['hit_requests']} of {row['requests']} requests found half "
+            f"their prompt or more cached (usage cached_tokens), TTFT p50 "
+            f"{row['ttft_p50_hit_ms']:.0f} ms; the others {row['ttft_p50_miss_ms']:.0f} ms"
+        )
+    for row in rows:
         if row["first_error"]:
             print(f"{row['mode']}: first error: {row['first_error']}")
+
+
+def parse_load(text: str) -> Load:
+    outstanding, _, think = text.partition(":")
+    return Load(int(outstanding), float(think or 0))
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default="affinity,most-room")
+    parser.add_argument(
+        "--loads", default="1:0.5,2:0",
+        help="OUTSTANDING:THINK_S,...: requests each tenant keeps open, mean think time",
+    )  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=2, help="windows of each mode per load")
+    parser.add_argument(
+        "--model-shape", default="2,256,768",
+        help="LAYERS,HIDDEN,INTERMEDIATE of the bench's model, or 'demo' for the demo model",
+    )  # fmt: skip
     parser.add_argument("--kv-blocks", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=1500)
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--outstanding", type=int, default=1)
-    parser.add_argument("--think-s", type=float, default=0.5)
-    parser.add_argument("--warmup-s", type=float, default=20)
-    parser.add_argument("--duration-s", type=float, default=60)
+    parser.add_argument("--warmup-s", type=float, default=10)
+    parser.add_argument("--duration-s", type=float, default=40)
     parser.add_argument("--var-dir", default="/tmp/gpushare-cache-affinity/var")
     parser.add_argument(
         "--database-url",
         default=os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/cache_affinity"),
     )
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
-    return parser.parse_args()
+    args = parser.parse_args()
+    args.modes = args.modes.split(",")
+    if unknown := set(args.modes) - set(MODE_PORTS):
+        parser.error(f"unknown modes: {', '.join(sorted(unknown))}")
+    args.loads = [parse_load(text) for text in args.loads.split(",")]
+    return args
 
 
 def main() -> None:
     args = parse_args()
     print_header()
+    model = model_dir(args)
+    loads = "; ".join(load.describe() for load in args.loads)
     print(
-        f"load:    {len(TENANTS)} tenants, {args.outstanding} open each, system prompt "
-        f"~{args.prompt_tokens} tokens, {args.max_tokens} output tokens, think "
-        f"{args.think_s:g} s, {args.duration_s:g} s window after {args.warmup_s:g} s; "
-        f"engines {', '.join(ENGINES)} with {args.kv_blocks} KV blocks each",
+        f"load:    {len(TENANTS)} tenants of weight 1, system prompt ~{args.prompt_tokens} "
+        f"tokens, {args.max_tokens} output tokens; loads: {loads}; "
+        f"{args.rounds} rounds of {args.duration_s:g} s windows after {args.warmup_s:g} s per "
+        f"mode; engines {', '.join(ENGINES)} with {args.kv_blocks} KV blocks each, model "
+        f"{model.name}",
         flush=True,
     )
-    rows = []
-    for mode in args.modes.split(","):
-        with started_platform(args, affinity=mode == "affinity"):
-            keys = {slug: tenant_key(slug) for slug in TENANTS}
-            result = asyncio.run(measured(keys, args))
-        row = summary(mode, result)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
-    print_table(rows)
+    results: dict[tuple[Load, str], list[dict[str, Any]]] = {}
+    with started_platform(args, model):
+        keys = {slug: tenant_key(slug) for slug in TENANTS}
+        for load in args.loads:
+            for round_ in range(args.rounds):
+                order = args.modes if round_ % 2 == 0 else args.modes[::-1]
+                for mode in order:
+                    result = asyncio.run(measured(keys, args, mode, load))
+                    results.setdefault((load, mode), []).append(result)
+                    row = summary(mode, load, [result])
+                    print(
+                        f"  window: load {load.label}, round {round_ + 1}, {mode}: hit rate "
+                        f"{row['hit_rate']:.3f}, TTFT p50 {row['ttft_p50_ms']:.0f} ms, "
+                        f"{row['tokens_s']:.1f} tok/s, Jain {row['jain']:.3f}",
+                        flush=True,
+                    )
+    for load in args.loads:
+        rows = [summary(mode, load, results[(load, mode)]) for mode in args.modes]
+        for row in rows:
+            print(json.dumps(row), flush=True)
+        print(f"\nload {load.label}: {load.describe()}, {args.rounds} windows per mode\n")
+        print_rows(rows)
 
 
 if __name__ == "__main__":

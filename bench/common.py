@@ -127,6 +127,7 @@ class Outcome:
     itl: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the engine's prefix cache held, where it says
     error: str = ""
     tag: str = ""
 
@@ -185,6 +186,8 @@ async def stream_request(
                 if usage:
                     outcome.prompt_tokens = int(usage.get("prompt_tokens") or 0)
                     outcome.completion_tokens = int(usage.get("completion_tokens") or 0)
+                    details = usage.get("prompt_tokens_details") or {}
+                    outcome.cached_tokens = int(details.get("cached_tokens") or 0)
     except httpx.HTTPError as exc:
         outcome.error = f"{exc.__class__.__name__}: {exc}"
         return outcome

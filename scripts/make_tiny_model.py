@@ -6,9 +6,15 @@ head_dim is 64 (hidden 128 / 2 heads) because the CPU attention kernel rejects h
 
 Run it with the vLLM environment's interpreter (it has torch, transformers and tokenizers):
     "$(scripts/setup_vllm.sh)" scripts/make_tiny_model.py [var/models/tiny-llama]
-Idempotent: a complete folder (marked by .gpushare-complete) is left as it is.
+Idempotent: a complete folder (marked by .gpushare-complete) is left as it is, whatever its
+shape: give a model of another shape a folder of its own.
+
+--layers, --hidden and --intermediate make a larger model of the same kind, for benchmarks
+whose prefill must cost something on the CPU (bench/cache_affinity.py); the demo model is the
+default shape. The heads stay 64 wide (hidden / 64 heads).
 """
 
+import argparse
 import shutil
 import sys
 import tempfile
@@ -21,6 +27,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "var" / "models" / "tiny-llama"
 MARKER = ".gpushare-complete"
 VOCAB_SIZE = 512
+HEAD_DIM = 64
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 # A Llama-3-like template, so /v1/chat/completions works on the demo model.
 CHAT_TEMPLATE = (
@@ -62,15 +69,18 @@ def train_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
+def build_model(
+    tokenizer: PreTrainedTokenizerFast, layers: int, hidden: int, intermediate: int
+) -> LlamaForCausalLM:
     torch.manual_seed(0)
+    heads = hidden // HEAD_DIM
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
         max_position_embeddings=4096,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -82,7 +92,7 @@ def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
     return LlamaForCausalLM(config).to(torch.bfloat16)
 
 
-def main(target: Path) -> None:
+def main(target: Path, layers: int, hidden: int, intermediate: int) -> None:
     if (target / MARKER).exists():
         print(f"tiny model already at {target}", file=sys.stderr)
         print(target)
@@ -92,7 +102,7 @@ def main(target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         build = Path(scratch) / "model"
         tokenizer = train_tokenizer()
-        model = build_model(tokenizer)
+        model = build_model(tokenizer, layers, hidden, intermediate)
         model.save_pretrained(build)
         tokenizer.save_pretrained(build)
         (build / MARKER).write_text("ok\n")
@@ -103,5 +113,18 @@ def main(target: Path) -> None:
     print(target)
 
 
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("target", nargs="?", type=Path, default=DEFAULT_DIR)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=128, help="a multiple of 64")
+    parser.add_argument("--intermediate", type=int, default=256)
+    args = parser.parse_args()
+    if args.hidden <= 0 or args.hidden % HEAD_DIM:
+        parser.error(f"--hidden must be a positive multiple of {HEAD_DIM}")
+    return args
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else DEFAULT_DIR)
+    args = parse_args()
+    main(args.target.resolve(), args.layers, args.hidden, args.intermediate)
