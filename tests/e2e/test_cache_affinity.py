@@ -14,7 +14,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.e2e.conftest import MODEL, make_tenant
+from tests.e2e.conftest import MODEL, make_tenant, remove_engine
 from tests.support.harness import Platform, free_port, start_engine_through_agent
 
 SECOND = f"{MODEL}-b"
@@ -41,13 +41,7 @@ def two_engines(platform_server: Platform) -> Iterator[dict[str, tuple[str, str]
             for name in (MODEL, SECOND)
         }
     finally:
-        # Stopped and removed: a stopped engine still holds its units on the device, which
-        # the other modules' engines need.
-        platform_server.manage("engine", "stop", SECOND, timeout=120)
-        platform_server.shell(
-            f"from scheduler.models import Engine as E; E.objects.filter(name='{SECOND}')"
-            ".delete(); print('null')"
-        )
+        remove_engine(platform_server, SECOND, timeout=120)
 
 
 def cache_counters(engines: dict[str, tuple[str, str]]) -> dict[str, tuple[float, float]]:

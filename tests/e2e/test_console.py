@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL
+from tests.e2e.conftest import MODEL, remove_engine
 from tests.support.harness import Platform, free_port
 
 ENGINE = "console-e2e"
@@ -100,4 +100,4 @@ def test_the_console_starts_and_stops_a_real_engine(
             assert task in agent_log
             assert task not in worker_log
     finally:
-        platform_server.manage("engine", "stop", ENGINE, timeout=180)
+        remove_engine(platform_server, ENGINE)

@@ -9,7 +9,7 @@ import base64
 import openai
 import pytest
 
-from tests.e2e.conftest import MODEL, make_tenant
+from tests.e2e.conftest import MODEL, make_tenant, remove_engine
 from tests.e2e.test_online import client_for, scheduler_check, usage_rows, wait_for
 from tests.support.harness import Platform, free_port
 
@@ -28,7 +28,7 @@ def embed_engine(platform_server: Platform):
         assert "READY" in started, started
         yield ENGINE
     finally:
-        platform_server.manage("engine", "stop", ENGINE, timeout=180)
+        remove_engine(platform_server, ENGINE)
 
 
 def test_embeddings_are_served_queued_and_charged(platform_server, embed_engine):

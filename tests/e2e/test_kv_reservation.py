@@ -22,7 +22,7 @@ import openai
 import pytest
 import redis
 
-from tests.e2e.conftest import E2E_REDIS_URL, make_tenant
+from tests.e2e.conftest import E2E_REDIS_URL, make_tenant, remove_engine
 from tests.support.harness import Platform, free_port, start_engine_through_agent
 
 ENGINE = "long-answers"
@@ -59,7 +59,7 @@ def long_answers(
         yield ENGINE
     finally:
         platform_server.manage("pool", "reservation", ENGINE, "--mode", "inherit")
-        platform_server.manage("engine", "stop", ENGINE, timeout=120)
+        remove_engine(platform_server, ENGINE, timeout=120)
 
 
 class MostInFlight:

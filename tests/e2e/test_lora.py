@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import MODEL, make_tenant
+from tests.e2e.conftest import MODEL, make_tenant, remove_engine
 from tests.e2e.test_batches import jsonl, wait_batch
 from tests.e2e.test_online import client_for, wait_for
 from tests.support.adapters import write_adapter
@@ -38,7 +38,7 @@ def lora_engine(platform_server: Platform):
         assert "READY" in started, started
         yield ENGINE
     finally:
-        platform_server.manage("engine", "stop", ENGINE, timeout=180)
+        remove_engine(platform_server, ENGINE)
 
 
 def complete(client: openai.OpenAI, model: str) -> str:
