@@ -34,8 +34,8 @@ trap 'rm -rf "$work"' EXIT
 # A copy of what `pip install .` reads: setuptools builds in the source folder (build/,
 # *.egg-info), which would leave them in the checkout.
 mkdir "$work/src"
-tar -C "$REPO_ROOT" --exclude=__pycache__ -cf - pyproject.toml api capacity config console \
-  fairqueue plumbing protocol scheduler staff telemetry tenants tracing workers \
+tar -C "$REPO_ROOT" --exclude=__pycache__ -cf - pyproject.toml api audit billing capacity config console \
+  fairqueue plumbing portal protocol scheduler staff telemetry tenants tracing workers \
   | tar -C "$work/src" -xf -
 
 for version in "${versions[@]}"; do
