@@ -71,7 +71,9 @@ class PriceDetailApi(APIView):
 
     @extend_schema(request=PriceSerializer, responses=PriceSerializer)
     def put(self, request: Request, model: str) -> Response:
-        payload = PriceSerializer(data={**request.data, "model": model})
+        # The model is the URL's; a body that is not an object is the serializer's 400.
+        data = request.data
+        payload = PriceSerializer(data={**data, "model": model} if isinstance(data, dict) else data)
         payload.is_valid(raise_exception=True)
         return Response(PriceSerializer(services.price_set(**payload.validated_data)).data)
 

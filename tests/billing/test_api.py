@@ -87,6 +87,8 @@ def test_only_admins_change_prices(staff_member, db):
     )
     assert changed.status_code == 200
     assert admin.get("/api/v1/prices/llama/").json()[0]["input_per_million"] == "0.700000"
+    not_an_object = admin.put("/api/v1/prices/llama/", [None, None], format="json")
+    assert not_an_object.status_code == 400, not_an_object.content
     bad = admin.post("/api/v1/prices/", {**price, "input_per_million": "-1"}, format="json")
     assert bad.status_code == 400
     assert admin.delete("/api/v1/prices/llama/").status_code == 204
