@@ -1,5 +1,5 @@
-"""The production settings the README documents (DJANGO_HTTPS=true, a secret key, the allowed
-hosts) pass Django's deployment check with no warning; plain HTTP does not."""
+"""The production settings docs/OPERATIONS.md documents (DJANGO_HTTPS=true, a secret key, the
+allowed hosts) pass Django's deployment check with no warning; plain HTTP does not."""
 
 from __future__ import annotations
 
