@@ -52,10 +52,18 @@ key                                    type     holds
                                                 they stop waiting
 ``loops:{pool}:summoned``              string   set while a summoned loop has not started (TTL)
 ``loop:{token}:wake``                  list     a waiting loop's wake-up
+``{t:<tenant>}:quota``                 hash     the tenant's quota leases (leases.py): quota,
+                                                burst, and per pool lease:{pool} (bytes leased
+                                                there) and seq:{pool} (its latest grant's number)
+``{p:<pool>}:lease:<tenant>``          hash     the tenant's lease in the pool: leased, held
+                                                (by its jobs there), seq (the latest grant
+                                                applied or fenced)
 =====================================  =======  ===================================================
 
 Tenant, engine and job ids must not contain ``:``; a pool name may (it is never the last
-segment of a key, so names stay unambiguous).
+segment of a key, so names stay unambiguous). The leases' keys carry a Redis Cluster hash tag,
+``{t:<tenant>}`` or ``{p:<pool>}``: each lease function touches one tag's keys, one slot. A
+pool name in a tag must not contain ``{`` or ``}``, which would end the tag early.
 """
 
 import re
@@ -63,12 +71,20 @@ from dataclasses import dataclass
 
 DEFAULT_PREFIX = "gs:fq:"
 _SEPARATOR_OR_SPACE = re.compile(r"[:\s]")
+_BRACE = re.compile(r"[{}]")
 
 
 def check_id(kind: str, value: str) -> str:
     """Refuse ids that would make key names ambiguous or empty."""
     if not value or _SEPARATOR_OR_SPACE.search(value):
         raise ValueError(f"{kind} id must be non-empty, without ':' or spaces: {value!r}")
+    return value
+
+
+def check_tag(kind: str, value: str) -> str:
+    """Refuse a name that would end a `{hash tag}` early, or leave it empty."""
+    if not value or _BRACE.search(value):
+        raise ValueError(f"{kind} must be non-empty, without braces: {value!r}")
     return value
 
 
@@ -155,3 +171,11 @@ class Keys:
 
     def waiting(self) -> str:
         return f"{self.prefix}waiting"
+
+    def lease_quota(self, tenant: str) -> str:
+        """The tenant's slot of the quota leases: its quota, burst and leases per pool."""
+        return f"{self.prefix}{{t:{tenant}}}:quota"
+
+    def lease(self, pool: str, tenant: str) -> str:
+        """The tenant's lease in the pool's slot: leased, held, the latest grant's number."""
+        return f"{self.prefix}{{p:{pool}}}:lease:{tenant}"

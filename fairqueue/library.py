@@ -2,9 +2,10 @@
 
 `lua/lib.lua` (the shared helpers) is the library's top level; each script file in `lua/`
 becomes one function whose body is that file, run after `begin` has read the call's common
-arguments. Redis runs the top level when the library is loaded, not on every call as it
-would for a script sent with EVALSHA, where the helpers' hundred-odd closures are made again
-each time (see docs/decisions/0012-fair-queue-as-redis-functions.md).
+arguments (`begin_keyed`, for the quota leases' functions, which are called with their
+keys). Redis runs the top level when the library is loaded, not on every call as it would
+for a script sent with EVALSHA, where the helpers' hundred-odd closures are made again each
+time (see docs/decisions/0012-fair-queue-as-redis-functions.md).
 
 The library's name carries a hash of its source: processes of two releases side by side (a
 rolling upgrade) each call their own library's functions, and an old library stays until an
@@ -19,11 +20,18 @@ from functools import cache
 from pathlib import Path
 
 LUA_DIR = Path(__file__).with_name("lua")
+# The quota leases' steps (docs/proposals/0001-fair-queue-on-redis-cluster.md): keyed, each
+# called with the keys it touches, all of one hash slot, which a cluster routes it by.
+LEASE_SCRIPTS: tuple[str, ...] = (
+    *("lease_policy", "lease_grant", "lease_settle", "lease_sequences"),  # a tenant's slot
+    *("lease_apply", "lease_admit", "lease_release", "lease_shrink", "lease_fence"),  # a pool's
+)
 # One per decision; each file in lua/ is one function of the library, one atomic step.
 SCRIPT_NAMES: tuple[str, ...] = (
     *("enqueue", "pick", "release", "release_pick", "cancel", "requeue"),
     *("reap", "expire", "renew", "check", "stop_waiting", "kick", "answer", "set_load"),
     *("grow", "pool_shape"),
+    *LEASE_SCRIPTS,
 )
 
 
@@ -52,10 +60,11 @@ def library_source() -> str:
     lib, *scripts = _files()
     parts = [f"#!lua name={library_name()}", lib]
     for name, body in zip(SCRIPT_NAMES, scripts, strict=True):
-        parts.append(
-            f"redis.register_function('{function_name(name)}', function(_, argv)\n"
-            f"begin(argv)\n{body}\nend)"
-        )
+        if name in LEASE_SCRIPTS:
+            head = "function(keys, argv)\nbegin_keyed(keys, argv)"
+        else:
+            head = "function(_, argv)\nbegin(argv)"
+        parts.append(f"redis.register_function('{function_name(name)}', {head}\n{body}\nend)")
     return "\n".join(parts) + "\n"
 
 

@@ -6,9 +6,14 @@
 -- clock), ARGV[3] the time to keep a finished job and its event list (seconds). Script
 -- arguments start at ARGV[4]. Key names mirror keys.py one for one.
 --
--- ARGV, P, KEEP_S and NOW belong to the call running now: Redis runs one call at a time,
--- and each call sets them first (`begin`), so no call sees another's.
-local ARGV, P, KEEP_S, NOW
+-- The quota leases' functions (lease_*.lua) are keyed instead: each touches only the keys
+-- its call declares, KEYS, all of one hash slot (a tenant's `{t:<t>}` or a pool's `{p:<p>}`),
+-- so a cluster routes it by them; `begin_keyed` sets KEYS and ARGV, and their arguments
+-- start at ARGV[1].
+--
+-- KEYS, ARGV, P, KEEP_S and NOW belong to the call running now: Redis runs one call at a
+-- time, and each call sets them first (`begin`, `begin_keyed`), so no call sees another's.
+local KEYS, ARGV, P, KEEP_S, NOW
 
 local function begin(argv)
   ARGV = argv
@@ -22,6 +27,11 @@ local function begin(argv)
   else
     NOW = tonumber(argv[2])
   end
+end
+
+local function begin_keyed(keys, argv)
+  KEYS = keys
+  ARGV = argv
 end
 
 local CLASSES = {'interactive', 'standard', 'offline'}
