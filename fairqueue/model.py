@@ -113,6 +113,10 @@ def offline_gate(engine: EnginePolicy, *, inflight: int, offline: int, load_clos
 # The most sequences the engine holding a job's prefix may run beyond the engine the job
 # was chosen for, and still take it (`lua/lib.lua` AFFINITY_SLACK).
 AFFINITY_SLACK = 2
+# The most backlogged tenants past the fairest job a pick looks at for a job whose prefix
+# the engine holds, when the fairest job's prefix is on another engine that cannot run it
+# now (`lua/lib.lua` AFFINITY_SCAN; `FairModel._nearer`).
+AFFINITY_SCAN = 8
 
 
 def jain_index(values: Iterable[float]) -> float:
@@ -221,22 +225,58 @@ class FairModel:
         self._push(job, at_head=False)
 
     def _candidate(
-        self, request_class: str, free_bytes: int, allow_burst: bool
+        self, engine_id: str, request_class: str, free_bytes: int, allow_burst: bool
     ) -> tuple[ModelJob | None, bool]:
         would_burst = False
-        for tenant in self._backlogged(request_class):
+        tenants = self._backlogged(request_class)
+        for index, tenant in enumerate(tenants):
             job = self.jobs[self.queues[(request_class, tenant)][0]]
             if job.kv_bytes > free_bytes:
                 continue
             policy = self.tenants[tenant]
             held = self.tenant_reserved[tenant] + job.kv_bytes
             if held <= policy.quota_bytes:
-                return job, False
+                if allow_burst:
+                    return job, False
+                return self._nearer(engine_id, job, tenants[index + 1 :], free_bytes), False
             if held <= policy.quota_bytes + policy.burst_bytes:
                 if allow_burst:
                     return job, False
                 would_burst = True
         return None, would_burst
+
+    def _nearer(
+        self, engine_id: str, fairest: ModelJob, behind: list[str], free_bytes: int
+    ) -> ModelJob:
+        """The job a within-quota pick for `engine_id` runs in place of `fairest`, the fair
+        order's: itself, unless another engine of the pool holds its prefix and cannot run
+        it now (`affinity_engine`); then the head job of the first of the next AFFINITY_SCAN
+        tenants of `behind` (the backlogged tenants after its own, in counter order) whose
+        counter is at most its tenant's counter plus its charge, whose prefix `engine_id`
+        holds and that runs there within quota (`lua/lib.lua` pick_on, candidate). A tenant
+        so served runs at most about one request ahead of its fair place."""
+        holder = self.affinity.get(fairest.affinity, "") if fairest.affinity else ""
+        if not holder or holder == engine_id or holder not in self.engines:
+            return fairest
+        if self.affinity_engine(engine_id, fairest) != engine_id:
+            return fairest
+        request_class = fairest.request_class
+        # Its charge as `pick` charges it: the scripts charge the output they expect, which in
+        # the `worst` reservation mode (the model's) is its max_tokens.
+        weight = self.tenants[fairest.tenant].weight
+        charge = token_charge(fairest.prompt_tokens, fairest.max_tokens, weight)
+        bound = self.counters[(request_class, fairest.tenant)] + charge
+        for tenant in behind[:AFFINITY_SCAN]:
+            if self.counters[(request_class, tenant)] > bound:
+                break
+            job = self.jobs[self.queues[(request_class, tenant)][0]]
+            if not job.affinity or self.affinity.get(job.affinity) != engine_id:
+                continue
+            if job.kv_bytes > free_bytes:
+                continue
+            if self.tenant_reserved[tenant] + job.kv_bytes <= self.tenants[tenant].quota_bytes:
+                return job
+        return fairest
 
     def affinity_engine(self, chosen: str, job: ModelJob) -> str:
         """Where a job the fair order chose for engine `chosen` runs: on the engine that ran
@@ -310,20 +350,23 @@ class FairModel:
         order = class_order(self.clock, self.open_classes(engine_id))
         burst_possible = False
         for request_class in order:
-            job, would_burst = self._candidate(request_class, free_bytes, allow_burst=False)
+            job, would_burst = self._candidate(
+                engine_id, request_class, free_bytes, allow_burst=False
+            )
             if job is not None:
                 return job
             burst_possible = burst_possible or would_burst
         if burst_possible:
             for request_class in order:
-                job, _ = self._candidate(request_class, free_bytes, allow_burst=True)
+                job, _ = self._candidate(engine_id, request_class, free_bytes, allow_burst=True)
                 if job is not None:
                     return job
         return None
 
     def pick(self, engine_id: str) -> ModelJob | None:
-        """The fair order's next job for the engine, run on the engine that holds its
-        prefix where it can (`affinity_engine`)."""
+        """The fair order's next job for the engine (or, within quota, a job at most about
+        one request behind it whose prefix the engine holds: `_nearer`), run on the engine
+        that holds its prefix where it can (`affinity_engine`)."""
         job = self.choose(engine_id)
         if job is None:
             return None

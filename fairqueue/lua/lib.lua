@@ -465,25 +465,26 @@ local function live_head(queue)
   end
 end
 
--- Backlogged tenants of a class, least counter first, read in pages: the first tenant
--- usually has an admissible job, so most picks read one page, however many tenants wait.
+-- Backlogged tenants of a class, least counter first, each with its counter (its score in
+-- the backlog), read in pages: the first tenant usually has an admissible job, so most picks
+-- read one page, however many tenants wait.
 local PAGE = 16
 local function backlogged(pool, cls)
   local key = k_backlog(pool, cls)
   local start, size = 0, redis.call('ZCARD', key)
-  local page, index = redis.call('ZRANGE', key, 0, PAGE - 1), 0
+  local page, index = redis.call('ZRANGE', key, 0, PAGE - 1, 'WITHSCORES'), 0
   return function()
-    index = index + 1
+    index = index + 2  -- a page is flat: tenant, counter, tenant, counter, ...
     if index > #page then
-      if #page < PAGE then return nil end
+      if #page < 2 * PAGE then return nil end
       -- Expiry during the scan removes only tenants already visited (nothing joins during a
       -- pick), so the unvisited ones moved up by as many places as the backlog shrank.
       local new_size = redis.call('ZCARD', key)
       start, size = start + PAGE - (size - new_size), new_size
-      page, index = redis.call('ZRANGE', key, start, start + PAGE - 1), 1
+      page, index = redis.call('ZRANGE', key, start, start + PAGE - 1, 'WITHSCORES'), 2
       if #page == 0 then return nil end
     end
-    return page[index]
+    return page[index - 1], tonumber(page[index])
   end
 end
 
@@ -527,8 +528,10 @@ end
 -- - its cost there within that engine's free KV, and its tenant's quota (or quota + burst,
 --   as the pick allowed) still holding it.
 -- Else it runs where it was chosen, which becomes its key's engine. Returns the holder's id,
--- the job's cost there, what it holds of its tenant's quota and its expected output; nil
--- where it runs where it was chosen. Sets job.affinity_engine to the key's engine read.
+-- the job's cost there, what it holds of its tenant's quota and its expected output; false
+-- where another engine of the pool holds the key but cannot run the job now (a pick may then
+-- prefer a job whose prefix the chosen engine holds: pick_on, candidate); nil where no other
+-- engine of the pool holds it. Sets job.affinity_engine to the key's engine read.
 local AFFINITY_SLACK = 2
 local function affinity_engine(chosen_id, chosen_inflight, pool, job, limit)
   local holder = redis.call('HGET', k_affinity(pool), job.affinity)
@@ -539,24 +542,39 @@ local function affinity_engine(chosen_id, chosen_inflight, pool, job, limit)
   local seats_there = redis.call('HMGET', k_engine(holder), 'pool', 'max_num_seqs')
   if seats_there[1] ~= pool then return nil end  -- gone, or moved to another pool
   local usage = hgetall(k_engine_use(holder))
-  if num(usage.inflight) >= num(seats_there[2]) then return nil end
-  if num(usage.inflight) > chosen_inflight + AFFINITY_SLACK then return nil end
+  if num(usage.inflight) >= num(seats_there[2]) then return false end
+  if num(usage.inflight) > chosen_inflight + AFFINITY_SLACK then return false end
   local engine = hgetall(k_engine(holder))
-  if class_limit(engine, usage, job.cls) ~= '' then return nil end
-  if job.cls == 'offline' and offline_gate(engine, usage) ~= '' then return nil end
+  if class_limit(engine, usage, job.cls) ~= '' then return false end
+  if job.cls == 'offline' and offline_gate(engine, usage) ~= '' then return false end
   local cost, quota_cost, out = job_cost(engine, job, limit.ceiling)
-  if cost > engine_free(engine, usage) then return nil end
-  if limit.held + quota_cost > limit.bound then return nil end
+  if cost > engine_free(engine, usage) then return false end
+  if limit.held + quota_cost > limit.bound then return false end
   return holder, cost, quota_cost, out
 end
+
+-- Prefix-cache locality at full load: a bounded deviation from the fair order (docs/
+-- DISPATCH.md, Prefix-cache affinity; Cao et al. 2025, Deficit Longest Prefix Match). When
+-- every engine is busy, a seat freed on engine E is the only place a job can start; the
+-- fairest job F usually has its prefix on another, full engine, and would miss E's cache. In
+-- the within-quota pass, where F's key is held by another engine of the pool that cannot run
+-- F now, the pick for E looks past F at most AFFINITY_SCAN more backlogged tenants of F's
+-- class, in counter order and only while their counter is at most F's tenant's counter plus
+-- F's charge, for a head job whose key E holds and that admission lets run on E within
+-- quota: the first one runs in F's place. A tenant so served is at most one request of F
+-- ahead of its fair place (its counter is within F's charge of F's tenant's), and F keeps
+-- its place at the head of the fair order for the next seat. model.py (FairModel._nearer)
+-- states the same rule.
+local AFFINITY_SCAN = 8
 
 -- Pick the fairest admissible job of `pool` for one engine, reserve it and lease it.
 -- Classes are tried in order of class virtual time (stride scheduling); inside a class,
 -- backlogged tenants in order of VTC counter; the first head job that admission lets run
--- wins. Pass 1 admits within quota only; pass 2 (only when pass 1 found nothing and some
--- head job would fit within quota + burst) lets a tenant borrow its burst: the engine then
--- has idle capacity, meaning room for the job and no waiting job of the pool that it could
--- run within its tenant's quota.
+-- wins, but for the bounded deviation for locality in pass 1 (AFFINITY_SCAN). Pass 1 admits
+-- within quota only; pass 2 (only when pass 1 found nothing and some head job would fit
+-- within quota + burst) lets a tenant borrow its burst: the engine then has idle capacity,
+-- meaning room for the job and no waiting job of the pool that it could run within its
+-- tenant's quota.
 -- The job may run on another engine of the pool than the one it was picked for, the one
 -- that holds its prefix (affinity_engine): its hash's `engine` says where.
 -- Returns the job id and its hash as a table (as HGETALL would give it), nil when nothing
@@ -589,30 +607,89 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
     return a.rank < b.rank
   end)
 
+  -- Whether admission lets `job`, the head of `tenant`'s queue, run here: its cost within
+  -- the engine's free KV and its tenant's quota (or quota + burst, with `allow_burst`)
+  -- holding it. Returns its tenant's weight, its expected output and what admitted it (for
+  -- affinity_engine), and sets its reservation; else nil and whether it would fit with burst.
+  local function admit(tenant, job, allow_burst)
+    local policy = redis.call('HMGET', k_tenant(tenant), 'quota_bytes', 'burst_bytes', 'weight')
+    local quota = num(policy[1])
+    local ceiling = quota + num(policy[2])
+    local cost, quota_cost, out = job_cost(engine, job, ceiling)
+    if cost > free_bytes then return nil, false end
+    local before = num(redis.call('HGET', k_tenant_use(tenant), 'reserved'))
+    local held = before + quota_cost
+    if held <= quota or (allow_burst and held <= ceiling) then
+      job.reserved, job.held = int(cost), int(quota_cost)
+      local limit = {held = before, ceiling = ceiling, bound = quota}
+      if held > quota then limit.bound = ceiling end
+      return num(policy[3]), out, limit
+    end
+    return nil, held <= ceiling
+  end
+
+  -- The head of `tenant`'s queue in `cls` where this engine holds its affinity key and
+  -- admission lets it run here within quota (the deviation for locality); nil else. Its key
+  -- and state are read first, the whole job only where this engine holds the key; an expired
+  -- head is passed over (the queue's own scans expire it). `holders` caches the affinity map.
+  local function held_here(cls, tenant, holders)
+    local job_id = redis.call('LINDEX', k_queue(pool, cls, tenant), 0)
+    if not job_id then return nil end
+    local head = redis.call('HMGET', k_job(job_id), 'affinity', 'state', 'deadline')
+    local key = head[1]
+    if not key or key == '' or head[2] ~= 'queued' or num(head[3]) <= NOW then return nil end
+    local holder = holders[key]
+    if holder == nil then
+      holder = redis.call('HGET', k_affinity(pool), key) or false
+      holders[key] = holder
+    end
+    if holder ~= engine_id then return nil end
+    local job = hgetall(k_job(job_id))
+    local weight, out, limit = admit(tenant, job, false)
+    if not weight then return nil end
+    job.affinity_engine = engine_id
+    return job_id, job, weight, out, limit
+  end
+
   -- First admissible head job of the class, with its tenant's weight; also says whether
-  -- one would fit with burst.
+  -- one would fit with burst. In the within-quota pass the job's engine is settled here
+  -- (`placed`: affinity_engine's answer, for pick_on), and a job whose prefix another, busy
+  -- engine holds may give way to one whose prefix this engine holds (AFFINITY_SCAN).
   local function candidate(cls, allow_burst)
     local would_burst = false
-    for tenant in backlogged(pool, cls) do
-      local job_id, job = live_head(k_queue(pool, cls, tenant))
-      if job_id then
-        local policy = redis.call('HMGET', k_tenant(tenant), 'quota_bytes', 'burst_bytes', 'weight')
-        local quota = num(policy[1])
-        local ceiling = quota + num(policy[2])
-        local cost, quota_cost, out = job_cost(engine, job, ceiling)
-        if cost <= free_bytes then
-          local before = num(redis.call('HGET', k_tenant_use(tenant), 'reserved'))
-          local held = before + quota_cost
-          if held <= quota or (allow_burst and held <= ceiling) then
-            job.reserved, job.held = int(cost), int(quota_cost)
-            -- What admitted it, for an engine that holds its prefix (affinity_engine).
-            local limit = {held = before, ceiling = ceiling, bound = quota}
-            if held > quota then limit.bound = ceiling end
-            return job_id, job, num(policy[3]), false, out, limit
+    local fairest, bound, scanned, holders
+    for tenant, counter in backlogged(pool, cls) do
+      if fairest then
+        if scanned >= AFFINITY_SCAN or counter > bound then break end
+        scanned = scanned + 1
+        local job_id, job, weight, out, limit = held_here(cls, tenant, holders)
+        if job_id then return job_id, job, weight, false, out, limit, {} end
+      else
+        local job_id, job = live_head(k_queue(pool, cls, tenant))
+        if job_id then
+          local weight, out, limit = admit(tenant, job, allow_burst)
+          if not weight then
+            would_burst = would_burst or out  -- admit's second answer: it would with burst
+          else
+            if allow_burst or not job.affinity or job.affinity == '' then
+              return job_id, job, weight, false, out, limit
+            end
+            local placed = {affinity_engine(engine_id, num(usage.inflight), pool, job, limit)}
+            if placed[1] ~= false then return job_id, job, weight, false, out, limit, placed end
+            -- Its prefix is on another engine that cannot run it now: look on for a job
+            -- whose prefix is here, from a tenant whose counter is within this job's
+            -- charge (as the pick would charge it here: token_charge) of its tenant's.
+            fairest = {job_id, job, weight, out, limit, placed}
+            local charged_weight = weight
+            if charged_weight <= 0 then charged_weight = 1 end
+            bound = counter + (num(job.prompt_tokens) + 2 * out) / charged_weight
+            scanned, holders = 0, {[job.affinity] = job.affinity_engine}
           end
-          if held <= ceiling then would_burst = true end
         end
       end
+    end
+    if fairest then
+      return fairest[1], fairest[2], fairest[3], false, fairest[4], fairest[5], fairest[6]
     end
     return nil, nil, nil, would_burst
   end
@@ -620,8 +697,8 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
   local function choose()
     local burst_possible = false
     for _, entry in ipairs(order) do
-      local job_id, job, weight, would_burst, out, limit = candidate(entry.cls, false)
-      if job_id then return job_id, job, weight, out, limit end
+      local job_id, job, weight, would_burst, out, limit, placed = candidate(entry.cls, false)
+      if job_id then return job_id, job, weight, out, limit, placed end
       burst_possible = burst_possible or would_burst
     end
     if not burst_possible then return nil end
@@ -632,14 +709,15 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
     return nil
   end
 
-  local job_id, job, weight, out, limit = choose()
+  local job_id, job, weight, out, limit, placed = choose()
   if not job_id then return nil end
   local cls, tenant = job.cls, job.tenant
 
-  -- The fair order chose the job; its prefix decides where it runs.
+  -- The fair order chose the job; its prefix decides where it runs (settled in `candidate`
+  -- where the within-quota pass chose it).
   if job.affinity and job.affinity ~= '' then
-    local holder, cost, quota_cost, holder_out = affinity_engine(engine_id,
-      num(usage.inflight), pool, job, limit)
+    placed = placed or {affinity_engine(engine_id, num(usage.inflight), pool, job, limit)}
+    local holder, cost, quota_cost, holder_out = placed[1], placed[2], placed[3], placed[4]
     if holder then
       engine_id, out = holder, holder_out
       job.reserved, job.held = int(cost), int(quota_cost)

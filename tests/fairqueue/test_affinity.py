@@ -1,14 +1,16 @@
 """Prefix-cache affinity (`lua/lib.lua` affinity_engine): the fair order chooses which job
 runs, its affinity key where. A job runs on the engine that ran its key's latest job while
 that engine can run it at once; else where it was chosen, which becomes its key's engine.
-The model states the same rule (tests/fairqueue/test_differential.py compares them at
-random); these cases pin each condition on the real scripts."""
+Where that engine cannot run it, a within-quota pick may give the seat to a job at most one
+charge behind whose prefix the picking engine holds (AFFINITY_SCAN). The model states the
+same rules (tests/fairqueue/test_differential.py compares them at random); these cases pin
+each condition on the real scripts."""
 
 import redis
 
 from fairqueue import EnginePolicy, FairQueue, Job, TenantPolicy
 from fairqueue.keys import Keys
-from fairqueue.model import AFFINITY_SLACK
+from fairqueue.model import AFFINITY_SLACK, token_charge
 
 UNIT = 256 * 1024 * 1024
 
@@ -147,3 +149,70 @@ def test_an_engine_gone_from_the_pool_holds_nothing(fq: FairQueue, fq_redis: red
     submit(fq)
     assert picked(fq, "e2").engine_id == "e2"
     assert affinity_map(fq, fq_redis) == {"k-a": "e2"}
+
+
+def both_engines_busy(fq: FairQueue, affinity: bool = True) -> tuple[Job, Job]:
+    """One seat per engine: a runs on e1 and b on e2 (each engine then holds its tenant's
+    key), and each tenant has one more job waiting. Returns the running jobs."""
+    setup_pool(fq, seats=1)
+    on_e1 = submit(fq, "a", "k-a" if affinity else "")
+    assert picked(fq, "e1").engine_id == "e1"
+    on_e2 = submit(fq, "b", "k-b" if affinity else "")
+    assert picked(fq, "e2").engine_id == "e2"
+    submit(fq, "a", "k-a" if affinity else "")
+    submit(fq, "b", "k-b" if affinity else "")
+    return on_e1, on_e2
+
+
+def counter(fq: FairQueue, tenant: str) -> float:
+    rows = [row for row in fq.snapshot(now=3).queues if row.tenant == tenant]
+    return rows[0].counter
+
+
+# A job's charge at the pick: 100 prompt tokens and 50 expected, at weight 1.
+CHARGE = token_charge(100, 50, 1.0)
+
+
+def test_a_seat_goes_to_a_job_within_one_charge_whose_prefix_the_engine_holds(
+    fq: FairQueue, fq_redis: redis.Redis
+) -> None:
+    on_e1, on_e2 = both_engines_busy(fq)
+    # b's job ends having generated more than expected: b is now behind a in the fair
+    # order, but by less than one charge of a's next job.
+    fq.release(on_e2.job_id, 100, 100, now=2)
+    assert counter(fq, "a") < counter(fq, "b") <= counter(fq, "a") + CHARGE
+    # a is the fairest, but its prefix is on e1, which is full: e2's seat goes to b, whose
+    # prefix e2 holds.
+    job = picked(fq, "e2")
+    assert (job.tenant, job.engine_id) == ("b", "e2")
+    assert affinity_map(fq, fq_redis) == {"k-a": "e1", "k-b": "e2"}
+    # a keeps its place: the next seat, on e1, where its prefix is, goes to it.
+    fq.release(on_e1.job_id, 100, 50, now=2)
+    job = picked(fq, "e1")
+    assert (job.tenant, job.engine_id) == ("a", "e1")
+    assert fq.check().ok
+
+
+def test_a_job_more_than_one_charge_behind_does_not_take_the_seat(
+    fq: FairQueue, fq_redis: redis.Redis
+) -> None:
+    _, on_e2 = both_engines_busy(fq)
+    fq.release(on_e2.job_id, 100, 200, now=2)
+    assert counter(fq, "b") > counter(fq, "a") + CHARGE
+    # b is more than a's charge behind: the fair order holds, a runs on e2 and moves its key.
+    job = picked(fq, "e2")
+    assert (job.tenant, job.engine_id) == ("a", "e2")
+    assert affinity_map(fq, fq_redis) == {"k-a": "e2", "k-b": "e2"}
+    assert fq.check().ok
+
+
+def test_without_affinity_keys_the_fair_order_fills_the_seat(
+    fq: FairQueue, fq_redis: redis.Redis
+) -> None:
+    _, on_e2 = both_engines_busy(fq, affinity=False)
+    fq.release(on_e2.job_id, 100, 100, now=2)
+    assert counter(fq, "a") < counter(fq, "b") <= counter(fq, "a") + CHARGE
+    job = picked(fq, "e2")
+    assert (job.tenant, job.engine_id) == ("a", "e2")
+    assert affinity_map(fq, fq_redis) == {}
+    assert fq.check().ok
