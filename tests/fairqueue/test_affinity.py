@@ -6,11 +6,12 @@ charge behind whose prefix the picking engine holds (AFFINITY_SCAN). The model s
 same rules (tests/fairqueue/test_differential.py compares them at random); these cases pin
 each condition on the real scripts."""
 
+import pytest
 import redis
 
 from fairqueue import EnginePolicy, FairQueue, Job, TenantPolicy
 from fairqueue.keys import Keys
-from fairqueue.model import AFFINITY_SLACK, token_charge
+from fairqueue.model import AFFINITY_SCAN, AFFINITY_SLACK, token_charge
 
 UNIT = 256 * 1024 * 1024
 
@@ -215,4 +216,29 @@ def test_without_affinity_keys_the_fair_order_fills_the_seat(
     job = picked(fq, "e2")
     assert (job.tenant, job.engine_id) == ("a", "e2")
     assert affinity_map(fq, fq_redis) == {}
+    assert fq.check().ok
+
+
+@pytest.mark.parametrize("between", [AFFINITY_SCAN - 1, AFFINITY_SCAN])
+def test_the_pick_looks_at_most_affinity_scan_tenants_past_the_fairest(
+    fq: FairQueue, fq_redis: redis.Redis, between: int
+) -> None:
+    setup_pool(fq, seats=1)
+    fillers = [f"c{i}" for i in range(between)]
+    for tenant in [*fillers, "z"]:
+        fq.set_tenant_policy(tenant, TenantPolicy(1, 8 * UNIT))
+    submit(fq, "a", "k-a")
+    assert picked(fq, "e1").engine_id == "e1"
+    on_e2 = submit(fq, "z", "k-z")
+    assert picked(fq, "e2").engine_id == "e2"
+    submit(fq, "a", "k-a")
+    for tenant in fillers:
+        submit(fq, tenant, affinity="")
+    submit(fq, "z", "k-z")
+    fq.release(on_e2.job_id, 100, 50, now=2)
+    # Every counter is a's: the backlog's order is a, the fillers, z (ties by name).
+    assert {counter(fq, tenant) for tenant in ["a", *fillers, "z"]} == {counter(fq, "a")}
+    job = picked(fq, "e2")
+    expected = "z" if between < AFFINITY_SCAN else "a"
+    assert (job.tenant, job.engine_id) == (expected, "e2")
     assert fq.check().ok
