@@ -372,6 +372,7 @@ def summary(mode: str, load: Load, results: list[dict[str, Any]]) -> dict[str, A
         "requests_s": len(inside) / window,
         "tokens_s": sum(tokens.values()) / window,
         "jain": jain_index(list(tokens.values())),
+        "tenant_tokens": {slug: int(count) for slug, count in tokens.items()},
         "requests": len(inside),
         "errors": len(errors),
         "first_error": errors[0]["error"][:200] if errors else "",
@@ -476,7 +477,8 @@ def main() -> None:
                     print(
                         f"  window: load {load.label}, round {round_ + 1}, {mode}: hit rate "
                         f"{row['hit_rate']:.3f}, TTFT p50 {row['ttft_p50_ms']:.0f} ms, "
-                        f"{row['tokens_s']:.1f} tok/s, Jain {row['jain']:.3f}",
+                        f"{row['tokens_s']:.1f} tok/s, Jain {row['jain']:.3f} (tokens by "
+                        f"tenant: {' '.join(str(n) for n in row['tenant_tokens'].values())})",
                         flush=True,
                     )
     for load in args.loads:
