@@ -13,7 +13,12 @@ from typing import Any
 
 import openai
 import pytest
+import redis
 
+from fairqueue.domain import BOUNDED_CLASSES
+from fairqueue.keys import Keys
+from fairqueue.seats import engine_seats
+from scheduler.seats.report import engine_seats_dict
 from tests.e2e.conftest import MODEL, make_tenant
 from tests.support.harness import Platform
 
@@ -72,6 +77,22 @@ def seats(platform: Platform) -> dict[str, Any]:
     return engine
 
 
+def seats_in_redis(client: redis.Redis, engine_id: str) -> dict[str, Any]:
+    """The engine's seats as `manage.py pool targets --json` reports them, read straight from
+    the fair queue's hashes: no process starts to take a core from the platform measured."""
+    keys = Keys()
+    samples = {
+        request_class: [
+            float(ms) for ms in client.lrange(keys.engine_ttfts(engine_id, request_class), 0, -1)
+        ]
+        for request_class in BOUNDED_CLASSES
+    }
+    engine: dict[str, str] = client.hgetall(keys.engine(engine_id))  # type: ignore[assignment]
+    usage: dict[str, str] = client.hgetall(keys.engine_usage(engine_id))  # type: ignore[assignment]
+    report = engine_seats(engine_id, engine, usage, samples, time.time())
+    return engine_seats_dict(report)
+
+
 @pytest.fixture
 def no_target_after(platform_server: Platform) -> Iterator[None]:
     yield
@@ -90,34 +111,40 @@ def test_an_interactive_target_is_held_beside_a_standard_flood(
     bulk = openai.AsyncOpenAI(base_url=base, api_key=bulk_key, max_retries=0, timeout=120)
     samples: list[dict[str, Any]] = []
     target_s = 0.0
+    engine_id = seats(platform_server)["engine"]
+    # decode_responses: its replies are text (the stubs type them bytes or text).
+    fq = redis.Redis.from_url(platform_server.env["REDIS_URL"], decode_responses=True)
 
     async def scenario() -> tuple[list[float], list[float], list[float], int]:
         nonlocal target_s
         stop, done = asyncio.Event(), list[int]()
+        await asyncio.to_thread(
+            platform_server.manage, "pool", "targets", MODEL, "--fixed-seats", "interactive=1"
+        )
         flooding = asyncio.ensure_future(flood(bulk, stop, done))
         try:
-            unbounded = await interactive_ttfts(chat, 15)
-            await asyncio.to_thread(
-                platform_server.manage, "pool", "targets", MODEL, "--fixed-seats",
-                "interactive=1",
-            )  # fmt: skip
-            await interactive_ttfts(chat, 5)  # the flood's running requests finish
+            await interactive_ttfts(chat, 3)  # the flood takes its one seat
             at_one = await interactive_ttfts(chat, 10)
+            await asyncio.to_thread(
+                platform_server.manage, "pool", "targets", MODEL, "--fixed-seats", "inherit"
+            )
+            await interactive_ttfts(chat, 3)  # the flood takes every seat
+            # Last before the target, as a client meets it: the controller's first reading
+            # is of the flood unbounded.
+            unbounded = await interactive_ttfts(chat, 15)
             target_s = max(MIN_TARGET_S, math.sqrt(p99(at_one) * p99(unbounded)))
             await asyncio.to_thread(
-                platform_server.manage, "pool", "targets", MODEL, "--fixed-seats", "inherit",
+                platform_server.manage, "pool", "targets", MODEL,
                 "--ttft-ms", f"interactive={target_s * 1000:.0f}",
             )  # fmt: skip
             await interactive_ttfts(chat, 25)  # the controller settles
             before = len(done)
             measuring = asyncio.ensure_future(interactive_ttfts(chat, 20))
-            # The engine's seats, read halfway and at the end: each read is a manage.py
-            # process, whose start takes a core from the platform it measures.
-            await asyncio.sleep(10)
-            samples.append(await asyncio.to_thread(seats, platform_server))
-            bounded = await measuring
-            samples.append(await asyncio.to_thread(seats, platform_server))
-            return at_one, unbounded, bounded, len(done) - before
+            while not measuring.done():  # the engine's seats, every second meanwhile
+                samples.append(await asyncio.to_thread(seats_in_redis, fq, engine_id))
+                await asyncio.sleep(1)
+            samples.append(await asyncio.to_thread(seats_in_redis, fq, engine_id))
+            return at_one, unbounded, await measuring, len(done) - before
         finally:
             stop.set()
             await flooding

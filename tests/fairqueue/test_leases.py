@@ -20,7 +20,7 @@ from fairqueue import library
 from fairqueue.keys import Keys
 from fairqueue.leases import Leases
 from fairqueue.leases_model import Grant, LeaseModel, PoolLease, Standing, lease_problems
-from tests.support.redis_cluster import RedisCluster
+from tests.support.redis_cluster import RedisCluster, running_cluster
 
 # --- the model ----------------------------------------------------------------------------
 
@@ -309,12 +309,8 @@ def test_a_redis_that_lost_the_library_gets_it_again(leases: Leases, fq_redis: r
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    started = RedisCluster(tmp_path_factory.mktemp("cluster"))
-    try:
-        started.start()
+    with running_cluster(tmp_path_factory.mktemp("cluster")) as started:
         yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture

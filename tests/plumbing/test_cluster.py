@@ -17,17 +17,13 @@ from redis.cluster import RedisCluster as PyRedisCluster
 from plumbing.aio_redis_cluster import AsyncRedisCluster
 from plumbing.cluster import CrossSlot, Redirect, command_slot, pipeline_slot
 from plumbing.raw_redis import RawRedis
-from tests.support.redis_cluster import RedisCluster
+from tests.support.redis_cluster import RedisCluster, running_cluster
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    started = RedisCluster(tmp_path_factory.mktemp("cluster"))
-    try:
-        started.start()
+    with running_cluster(tmp_path_factory.mktemp("cluster")) as started:
         yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture

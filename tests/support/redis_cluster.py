@@ -12,6 +12,8 @@ from __future__ import annotations
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import redis
@@ -105,3 +107,14 @@ class RedisCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
+
+
+@contextmanager
+def running_cluster(workdir: Path) -> Iterator[RedisCluster]:
+    """A cluster started in `workdir`, stopped when the block ends however it ends."""
+    cluster = RedisCluster(workdir)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
