@@ -15,9 +15,7 @@ import openai
 import pytest
 import redis
 
-from fairqueue.domain import BOUNDED_CLASSES
-from fairqueue.keys import Keys
-from fairqueue.seats import engine_seats
+from fairqueue.queue import FairQueue
 from scheduler.seats.report import engine_seats_dict
 from tests.e2e.conftest import MODEL, make_tenant
 from tests.support.harness import Platform
@@ -71,25 +69,10 @@ def p99(values: list[float]) -> float:
     return ordered[max(0, int(0.99 * len(ordered)) - 1)] if ordered else float("inf")
 
 
-def seats(platform: Platform) -> dict[str, Any]:
-    (pool,) = platform.manage_json("pool", "targets", MODEL, "--json")
-    (engine,) = pool["engines"]
-    return engine
-
-
-def seats_in_redis(client: redis.Redis, engine_id: str) -> dict[str, Any]:
-    """The engine's seats as `manage.py pool targets --json` reports them, read straight from
-    the fair queue's hashes: no process starts to take a core from the platform measured."""
-    keys = Keys()
-    samples = {
-        request_class: [
-            float(ms) for ms in client.lrange(keys.engine_ttfts(engine_id, request_class), 0, -1)
-        ]
-        for request_class in BOUNDED_CLASSES
-    }
-    engine: dict[str, str] = client.hgetall(keys.engine(engine_id))  # type: ignore[assignment]
-    usage: dict[str, str] = client.hgetall(keys.engine_usage(engine_id))  # type: ignore[assignment]
-    report = engine_seats(engine_id, engine, usage, samples, time.time())
+def seats_now(queue: FairQueue) -> dict[str, Any]:
+    """The engine's seats as `manage.py pool targets --json` reports them, read from the fair
+    queue itself: no process starts to take a core from the platform measured."""
+    (report,) = queue.seat_reports(MODEL)
     return engine_seats_dict(report)
 
 
@@ -111,9 +94,7 @@ def test_an_interactive_target_is_held_beside_a_standard_flood(
     bulk = openai.AsyncOpenAI(base_url=base, api_key=bulk_key, max_retries=0, timeout=120)
     samples: list[dict[str, Any]] = []
     target_s = 0.0
-    engine_id = seats(platform_server)["engine"]
-    # decode_responses: its replies are text (the stubs type them bytes or text).
-    fq = redis.Redis.from_url(platform_server.env["REDIS_URL"], decode_responses=True)
+    queue = FairQueue(redis.Redis.from_url(platform_server.env["REDIS_URL"]))
 
     async def scenario() -> tuple[list[float], list[float], list[float], int]:
         nonlocal target_s
@@ -141,9 +122,9 @@ def test_an_interactive_target_is_held_beside_a_standard_flood(
             before = len(done)
             measuring = asyncio.ensure_future(interactive_ttfts(chat, 20))
             while not measuring.done():  # the engine's seats, every second meanwhile
-                samples.append(await asyncio.to_thread(seats_in_redis, fq, engine_id))
+                samples.append(await asyncio.to_thread(seats_now, queue))
                 await asyncio.sleep(1)
-            samples.append(await asyncio.to_thread(seats_in_redis, fq, engine_id))
+            samples.append(await asyncio.to_thread(seats_now, queue))
             return at_one, unbounded, await measuring, len(done) - before
         finally:
             stop.set()
