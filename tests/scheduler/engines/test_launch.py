@@ -231,3 +231,25 @@ def test_an_engine_imports_its_gate_and_nothing_of_the_platform() -> None:
     assert "GPUSHARE_ENGINE_METRICS_TOKEN" not in spec.env
     scraped = build_launch(launch(), python="p", base_env={}, api_key="k", metrics_token="t")
     assert scraped.env["GPUSHARE_ENGINE_METRICS_TOKEN"] == "t"
+
+
+def test_a_cpu_engine_binds_to_the_cores_it_is_given() -> None:
+    spec = build_launch(
+        launch(cpu_cores=(2, 3)), python="/venv/bin/python", base_env={}, api_key="k"
+    )
+    assert spec.env["VLLM_CPU_OMP_THREADS_BIND"] == "2-3"
+
+
+def test_without_cores_the_engine_keeps_vllms_binding() -> None:
+    spec = build_launch(launch(), python="/venv/bin/python", base_env={}, api_key="k")
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in spec.env
+
+
+def test_an_operators_binding_is_left_as_set() -> None:
+    spec = build_launch(
+        launch(cpu_cores=(1,)),
+        python="/venv/bin/python",
+        base_env={"VLLM_CPU_OMP_THREADS_BIND": "0-7"},
+        api_key="k",
+    )
+    assert spec.env["VLLM_CPU_OMP_THREADS_BIND"] == "0-7"

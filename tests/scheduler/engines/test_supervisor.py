@@ -27,6 +27,7 @@ from scheduler.engines.supervisor import (
     Timeouts,
     _death_detail,
     _pin_cpu_engine_core,
+    engine_cpu_cores,
     engine_health_check,
     engine_refresh,
     engine_start,
@@ -130,6 +131,23 @@ def test_a_cpu_engine_has_its_engine_core_pinned_once_it_answers(
     monkeypatch.setattr(cpu_affinity, "pin_engine_core", record)
     started = engine_start(name="fake", timeouts=FAST)
     assert pinned == [(pid_of(started), EngineStatus.STARTING)]  # before the warm-up
+
+
+def test_the_cpu_engines_of_a_node_bind_to_cores_of_their_own(
+    engine, cpu: Device, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert engine_cpu_cores(engine) == ()  # alone on the node: vLLM's own binding
+    second = engine_create(
+        name="fake-2",
+        model_path=str(model_dir),
+        served_model_name="tiny-2",
+        footprint_units=4,
+        port=free_port(),
+        device=cpu,
+    )
+    assert engine_cpu_cores(engine) == (0,)  # 4 CPUs, one kept: one each
+    assert engine_cpu_cores(second) == (1,)
 
 
 def test_a_cpu_engine_without_vllm_child_processes_starts_with_a_warning(
