@@ -216,8 +216,8 @@ class FairQueue:
         if previous is not None and previous != pool:
             self._leave_pool(previous, policy.engine_id)
         if previous != pool:
-            # The pool's first engine, or a pool whose copies an upgrade left behind: the
-            # tenants' policies are copied in before an enqueue can read them.
+            # An engine new to the pool (its first one among them): the tenants' policies
+            # are copied in before the pool takes a job, which needs an engine.
             self._copy_tenant_policies(pool)
         key = self.keys.engine(pool, policy.engine_id)
         names = [f"target:{c}" for c in BOUNDED_CLASSES]
