@@ -131,7 +131,7 @@ def job_stages(redis_url: str) -> dict[str, tuple[float, float]]:
     (admission: key, validation, tokenize, limits) and in the fair queue until picked."""
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     seen: dict[str, list[tuple[float, float]]] = {}
-    for key in client.scan_iter("gs:fq:job:*", count=1000):
+    for key in client.scan_iter("gs:fq:{p:*}:job:*", count=1000):
         if key.endswith(":events"):
             continue
         job = client.hgetall(key)

@@ -108,7 +108,12 @@ async def online_loops(
 
 
 def gate_load(bench: BenchPlatform) -> float:
-    return float(bench.redis.hget(f"gs:fq:engine:{bench.model}", "load") or 0.0)
+    return float(bench.redis.hget(engine_key(bench), "load") or 0.0)
+
+
+def engine_key(bench: BenchPlatform) -> str:
+    """The engine's hash in the fair queue: its pool, named after its model, as it is."""
+    return f"gs:fq:{{p:{bench.model}}}:engine:{bench.model}"
 
 
 class GatePoller:
@@ -117,7 +122,7 @@ class GatePoller:
     when a tick started, not when its value reached the gate."""
 
     def __init__(self, bench: BenchPlatform) -> None:
-        self.client, self.key = bench.redis, f"gs:fq:engine:{bench.model}"
+        self.client, self.key = bench.redis, engine_key(bench)
         self.changes: list[tuple[float, float]] = []
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
@@ -137,7 +142,7 @@ class GatePoller:
 
 
 def kv_budget_units(bench: BenchPlatform) -> float:
-    return int(bench.redis.hget(f"gs:fq:engine:{bench.model}", "kv_budget_bytes") or 0) / UNIT_BYTES
+    return int(bench.redis.hget(engine_key(bench), "kv_budget_bytes") or 0) / UNIT_BYTES
 
 
 def set_threshold(bench: BenchPlatform, threshold: float) -> None:

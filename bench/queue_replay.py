@@ -184,14 +184,14 @@ class Replay:
         from fairqueue.domain import EnginePolicy, TenantPolicy
         from scheduler.pools.policies import fair_queue
         from tenants.models import Tenant
-        from tenants.usage_buffer import PENDING_KEY
+        from tenants.usage_buffer import outbox
 
         self.server = server
         self.client = redis.Redis.from_url(server.url)
         self.client.flushall()
         self.queue = fair_queue()
         self.shape = shape
-        self.pending_key = PENDING_KEY
+        self.pending_key = outbox(POOL)
         for i in range(shape.engines):
             self.queue.set_engine_policy(
                 EnginePolicy(f"e{i}", POOL, 40 * GIB, SEATS_PER_ENGINE, queued=0)
@@ -202,7 +202,7 @@ class Replay:
             self.queue.set_tenant_policy(slug, TenantPolicy(1 + i % 4, 1000 * GIB))
             self.tenants.append(Tenant(pk=i + 1, slug=slug, rpm_limit=10**7, tpm_limit=10**10))
         self.rng = random.Random(7)
-        self.inbox = self.queue.keys.inbox(INBOX)
+        self.inbox = self.queue.keys.inbox(POOL, INBOX)
         self.admissions: dict[str, Any] = {}
         self.breakdown = Breakdown(self.client, False)
         # The dispatcher's turn picks for the engine its job ran on (a tree from before that

@@ -56,7 +56,7 @@ def turns(queue: FairQueue, calls: int) -> Callable[[], None]:
 
 
 def publishes(queue: FairQueue, calls: int) -> Callable[[], None]:
-    return lambda: queue.publish("bench-job", CHUNK)
+    return lambda: queue.publish(POOL, "bench-job", CHUNK)
 
 
 def timed(call: Callable[[], None], calls: int) -> float:

@@ -151,6 +151,7 @@ from common import (
 from serve_bench import exit_on_sigterm, fmt, instant_server, print_header, vllm_python
 
 from capacity.kvcost import kv_bytes_per_token  # common put the repository on the path
+from fairqueue.keys import Keys
 from protocol.classes import ENGINE_PRIORITY
 
 ENGINE = "rsv"  # the engine's name, its served model name and its pool
@@ -159,7 +160,7 @@ MODES = ("worst", "predict")
 KIND_NO_MAX = "no-max"
 PROMPT = "Tell me a story about a lighthouse keeper and a storm."
 REQUEST_CLASS = "standard"
-KEY_PREFIX = "gs:fq:"  # the platform's GPUSHARE_SCHED_KEY_PREFIX default (bench_platform's)
+KEYS = Keys("gs:fq:")  # the platform's GPUSHARE_SCHED_KEY_PREFIX default (bench_platform's)
 MIB = 1024 * 1024
 MEMORY_CODES = frozenset({"insufficient_quota", "request_too_large", "context_length_exceeded"})
 MEMORY_WORDS = re.compile(r"kv cache|memory|quota", re.IGNORECASE)
@@ -455,10 +456,10 @@ class Sampler:
         slugs = self.loops.target.slugs
         pipe = self.fq.pipeline(transaction=False)
         for tenant in TENANTS:
-            pipe.hgetall(f"{KEY_PREFIX}tenant:{slugs[tenant]}:use")
-        pipe.hgetall(f"{KEY_PREFIX}engine:{ENGINE}:use")
-        pipe.hgetall(f"{KEY_PREFIX}engine:{ENGINE}")
-        pipe.hgetall(f"{KEY_PREFIX}pool:{ENGINE}:outpred")
+            pipe.hgetall(KEYS.tenant_usage(slugs[tenant]))
+        pipe.hgetall(KEYS.engine_usage(ENGINE, ENGINE))  # its pool is named as it is
+        pipe.hgetall(KEYS.engine(ENGINE, ENGINE))
+        pipe.hgetall(KEYS.output_predictions(ENGINE))
         *tenants, engine_use, engine, predicted = await pipe.execute()
         return {
             "tenant_use": {
@@ -605,15 +606,15 @@ async def fair_queue_view(fq: aioredis.Redis | None, slugs: dict[str, str]) -> d
     if fq is None:
         return {}
     pool, cls = ENGINE, REQUEST_CLASS
-    counters = await fq.hgetall(f"{KEY_PREFIX}vtc:{pool}:{cls}")
-    scores = await fq.zrange(f"{KEY_PREFIX}backlog:{pool}:{cls}", 0, -1, withscores=True)
+    counters = await fq.hgetall(KEYS.counters(pool, cls))
+    scores = await fq.zrange(KEYS.backlog(pool, cls), 0, -1, withscores=True)
     backlog = {str(pair[0]): float(pair[1]) for pair in scores}
-    waiting = {t: await fq.llen(f"{KEY_PREFIX}q:{pool}:{cls}:{s}") for t, s in slugs.items()}
+    waiting = {t: await fq.llen(KEYS.queue(pool, cls, s)) for t, s in slugs.items()}
     return {
         "vtc": {t: float(counters.get(s) or 0) for t, s in slugs.items()},
         "backlog": {t: backlog[s] for t, s in slugs.items() if s in backlog},
         "waiting": waiting,
-        "seated": float(await fq.get(f"{KEY_PREFIX}vtcseated:{pool}:{cls}") or 0),
+        "seated": float(await fq.get(KEYS.seated(pool, cls)) or 0),
     }
 
 
@@ -643,8 +644,8 @@ async def settle(
         busy = metrics.get("vllm:num_requests_running") + metrics.get("vllm:num_requests_waiting")
         if fq is not None:
             for slug in slugs:
-                busy += float(await fq.hget(f"{KEY_PREFIX}tenant:{slug}:use", "reserved") or 0)
-            busy += float(await fq.hget(f"{KEY_PREFIX}engine:{ENGINE}:use", "inflight") or 0)
+                busy += float(await fq.hget(KEYS.tenant_usage(slug), "reserved") or 0)
+            busy += float(await fq.hget(KEYS.engine_usage(ENGINE, ENGINE), "inflight") or 0)
         if busy == 0:
             return time.perf_counter() - start
         await asyncio.sleep(0.5)

@@ -62,7 +62,7 @@ def fair_turns(queue: FairQueue, picks: int) -> list[float]:
         job = queue.release_and_pick(job, 100, 50, pool=POOL)[1]
         latencies.append(time.perf_counter() - start)
     if job is not None:
-        queue.release(job.job_id, 100, 50, attempt=job.attempt)
+        queue.release(POOL, job.job_id, 100, 50, attempt=job.attempt)
     return latencies
 
 
@@ -73,7 +73,7 @@ def fair_two_steps(queue: FairQueue, picks: int) -> list[float]:
         job = queue.pick(POOL)
         if job is None:
             raise RuntimeError("the backlog ran dry before the round ended")
-        queue.release(job.job_id, 100, 50, attempt=job.attempt)
+        queue.release(POOL, job.job_id, 100, 50, attempt=job.attempt)
         latencies.append(time.perf_counter() - start)
     return latencies
 

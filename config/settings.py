@@ -452,8 +452,8 @@ GPUSHARE_MAX_BODY_BYTES = env_int("GPUSHARE_MAX_BODY_BYTES", 4 * 1024 * 1024)
 GPUSHARE_MAX_OTHER_BODY_BYTES = env_int("GPUSHARE_MAX_OTHER_BODY_BYTES", 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = GPUSHARE_MAX_OTHER_BODY_BYTES
 # Redis connections one web event loop holds at most: commands in flight (admissions'
-# scripts, cancels, the inbox's read); waiting requests hold none. A command beyond them waits
-# for one to come back.
+# scripts, cancels, an inbox's read per pool waited on); waiting requests hold none. A command
+# beyond them waits for one to come back.
 GPUSHARE_WEB_REDIS_CONNECTIONS = env_int("GPUSHARE_WEB_REDIS_CONNECTIONS", 100)
 # Prompts whose UTF-8 bound is at most this many tokens are not counted by the engine's
 # /tokenize: the bound (plus a margin) is reserved instead. 0 counts every prompt exactly.

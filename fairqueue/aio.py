@@ -62,23 +62,24 @@ class AsyncFairQueue:
     def keys(self) -> Keys:
         return self.queue.keys
 
-    async def _run(self, name: str, *args: Any) -> Any:
+    async def _run(self, name: str, pool: str, *args: Any) -> Any:
         try:
-            return (await self._run_many(name, [args], fence=self.queue.fence_for(name)))[0]
+            fence = self.queue.fence_for(name)
+            return (await self._run_many(name, [(pool, args)], fence=fence))[0]
         except NotReplicated as short:  # the answer of the one call
             raise NotReplicated(short.answer[0], short.acked, short.wanted) from None
 
-    async def _settle(self, name: str, *args: Any) -> Any:
+    async def _settle(self, name: str, pool: str, *args: Any) -> Any:
         """A release's call (`release`), sent again while the fence is on and it was not
         acknowledged (NotReplicated, Redis away: the primary is found anew for each new
         connection, or refused by a primary short of replicas: `min-replicas-to-write`),
         until `settle_retry_s` has passed. Returns whether it was applied at any try."""
         if not self.queue.fence:
-            return await self._run(name, *args)
+            return await self._run(name, pool, *args)
         gives_up, pause, released = time.monotonic() + self.config.settle_retry_s, 0.1, False
         while True:
             try:
-                answer = await self._run(name, *args)
+                answer = await self._run(name, pool, *args)
                 return bool(answer) or released
             except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
                 if isinstance(exc, redis.ResponseError) and not refused_for_replicas(exc):
@@ -102,14 +103,13 @@ class AsyncFairQueue:
             log.warning("job %s: its pick was not acknowledged nor given back: %s", job.job_id, exc)
 
     async def _run_many(
-        self, name: str, calls: Sequence[Sequence[Any]], *, fence: Fence = NO_FENCE
+        self, name: str, calls: Sequence[tuple[str, Sequence[Any]]], *, fence: Fence = NO_FENCE
     ) -> list[Any]:
-        """One function call per argument list, in one round trip (with the `fence`'s WAIT
-        behind them)."""
+        """One function call per (pool, argument list), in one round trip (with the `fence`'s
+        WAIT behind them)."""
         if not calls:
             return []
-        function, head = library.function_name(name), self.queue.script_head()
-        commands = [("FCALL", function, 0, *head, *args) for args in calls]
+        commands = [(*self.queue.call_head(name, pool), *args) for pool, args in calls]
         try:
             return await self.redis.pipeline(commands, fence=fence)
         except redis.exceptions.ResponseError as error:
@@ -130,31 +130,32 @@ class AsyncFairQueue:
         """`FairQueue.enqueue_summoning`, from an event loop."""
         args = self.queue.enqueue_args(summon=True, **fields)
         try:
-            answer = await self._run("enqueue", *args)
+            answer = await self._run("enqueue", args[2], *args)
         except NotReplicated:
             with contextlib.suppress(redis.RedisError):
-                await self.cancel(args[0], "not_replicated")
+                await self.cancel(args[2], args[0], "not_replicated")
             raise
         return self.queue.enqueue_answer(answer, args)
 
-    async def cancel(self, job_id: str, reason: str = "cancelled") -> str:
-        return _text(await self._run("cancel", job_id, reason))
+    async def cancel(self, pool: str, job_id: str, reason: str = "cancelled") -> str:
+        return _text(await self._run("cancel", pool, job_id, reason))
 
-    async def answer(self, job_id: str, report: str, inbox: str, *, keep: bool) -> None:
-        """A granted stream's report to `inbox`; kept in the job too (`keep`: the answer was
-        given whole). See lua/answer.lua."""
-        await self._run("answer", job_id, report, inbox, "1" if keep else "0")
+    async def answer(self, pool: str, job_id: str, report: str, inbox: str, *, keep: bool) -> None:
+        """A granted stream's report to `inbox` (the granting worker's in the job's pool);
+        kept in the job too (`keep`: the answer was given whole). See lua/answer.lua."""
+        await self._run("answer", pool, job_id, report, inbox, "1" if keep else "0")
 
-    async def answered(self, job_id: str) -> str:
+    async def answered(self, pool: str, job_id: str) -> str:
         """The report of a whole answer that a web left in the job's hash ('' = none)."""
-        return _text(await self.redis.call("HGET", self.keys.job(job_id), "answered") or b"")
+        answered = await self.redis.call("HGET", self.keys.job(pool, job_id), "answered")
+        return _text(answered or b"")
 
-    async def job_exists(self, job_id: str) -> bool:
+    async def job_exists(self, pool: str, job_id: str) -> bool:
         """Whether Redis holds the job (a failover can lose one that was not fenced)."""
-        return bool(await self.redis.call("EXISTS", self.keys.job(job_id)))
+        return bool(await self.redis.call("EXISTS", self.keys.job(pool, job_id)))
 
-    async def get_job(self, job_id: str) -> Job | None:
-        flat = await self.redis.call("HGETALL", self.keys.job(job_id))
+    async def get_job(self, pool: str, job_id: str) -> Job | None:
+        flat = await self.redis.call("HGETALL", self.keys.job(pool, job_id))
         fields = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
         return Job.from_hash(job_id, fields) if fields else None
 
@@ -162,7 +163,7 @@ class AsyncFairQueue:
 
     async def pick(self, pool: str, *, loop: DispatchLoop | None = None) -> Job | None:
         try:
-            answer = await self._run("pick", *self.queue.pick_args(pool, "", loop))
+            answer = await self._run("pick", pool, *self.queue.pick_args(pool, "", loop))
         except NotReplicated as short:
             if (job := pick_answer(short.answer, loop)) is not None:
                 await self._give_back(job)
@@ -178,7 +179,7 @@ class AsyncFairQueue:
         last_words: LastWords | None = None,
     ) -> bool:
         args = release_args(job.job_id, prompt_tokens, completion_tokens, job.attempt, last_words)
-        return bool(await self._settle("release", *args))
+        return bool(await self._settle("release", job.pool, *args))
 
     async def release_and_pick(
         self,
@@ -194,7 +195,7 @@ class AsyncFairQueue:
             job, prompt_tokens, completion_tokens, pool, "", None, last_words, same_engine=True
         )
         try:
-            return release_pick_answer(await self._run("release_pick", *args), None)
+            return release_pick_answer(await self._run("release_pick", pool, *args), None)
         except NotReplicated as short:
             released, picked = release_pick_answer(short.answer, None)
             if picked is not None:
@@ -210,24 +211,25 @@ class AsyncFairQueue:
         return released, None
 
     async def requeue(self, job: Job, reason: str) -> bool:
-        return bool(
-            await self._run("requeue", *self.queue.requeue_args(job.job_id, job.attempt, reason))
-        )
+        args = self.queue.requeue_args(job.job_id, job.attempt, reason)
+        return bool(await self._run("requeue", job.pool, *args))
 
-    async def grow(self, job_id: str, attempt: int, tokens: int) -> int:
-        return int(await self._run("grow", job_id, attempt, int(tokens)))
+    async def grow(self, pool: str, job_id: str, attempt: int, tokens: int) -> int:
+        return int(await self._run("grow", pool, job_id, attempt, int(tokens)))
 
     async def renew_leases(self, jobs: Sequence[Job]) -> list[bool]:
         """Each job's lease extended, in one round trip; False where the job is no longer
         the caller's (cancelled, or reaped and running elsewhere): stop running it."""
-        calls = [self.queue.renew_args(job.job_id, job.attempt) for job in jobs]
+        calls = [(job.pool, self.queue.renew_args(job.job_id, job.attempt)) for job in jobs]
         return [bool(answer) for answer in await self._run_many("renew", calls)]
 
     async def jobs_still_running(self, jobs: Sequence[Job]) -> list[bool]:
         """Whether each job is still running as its attempt (one round trip for all)."""
         if not jobs:
             return []
-        commands = [("HMGET", self.keys.job(job.job_id), "state", "attempt") for job in jobs]
+        commands = [
+            ("HMGET", self.keys.job(job.pool, job.job_id), "state", "attempt") for job in jobs
+        ]
         answers = await self.redis.pipeline(commands)
         return [
             state is not None and _text(state) == "running" and int(attempt or 0) == job.attempt
@@ -244,7 +246,7 @@ class AsyncFairQueue:
         self, pool: str, loop: DispatchLoop, timeout_s: float, stop: asyncio.Event
     ) -> bool:
         """`FairQueue.wait_for_work`, from an event loop."""
-        idle, wake = self.keys.idle_loops(pool), self.keys.loop_wake(loop.token)
+        idle, wake = self.keys.idle_loops(pool), self.keys.loop_wake(pool, loop.token)
         waits_until = time.monotonic() + timeout_s
         while not stop.is_set():
             left = waits_until - time.monotonic()
@@ -263,4 +265,4 @@ class AsyncFairQueue:
         return await self.stop_waiting(pool, loop)
 
     async def stop_waiting(self, pool: str, loop: DispatchLoop) -> bool:
-        return bool(await self._run("stop_waiting", pool, loop.token))
+        return bool(await self._run("stop_waiting", pool, pool, loop.token))

@@ -21,8 +21,10 @@ class Growth:
     away) is tried again at the next piece; the engine's water level holds the next picks
     back meanwhile."""
 
-    def __init__(self, queue: AsyncFairQueue, job_id: str, attempt: int, covered: int) -> None:
-        self.queue, self.job_id, self.attempt = queue, job_id, attempt
+    def __init__(
+        self, queue: AsyncFairQueue, pool: str, job_id: str, attempt: int, covered: int
+    ) -> None:
+        self.queue, self.pool, self.job_id, self.attempt = queue, pool, job_id, attempt
         self.covered = covered
         self.tokens = 0
         self._growing: asyncio.Future[None] | None = None
@@ -34,7 +36,7 @@ class Growth:
 
     async def _grow(self, tokens: int) -> None:
         try:
-            covered = await self.queue.grow(self.job_id, self.attempt, tokens)
+            covered = await self.queue.grow(self.pool, self.job_id, self.attempt, tokens)
         except Exception as exc:
             log.info("job %s: its reservation could not grow: %s", self.job_id, exc)
             return

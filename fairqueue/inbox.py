@@ -7,6 +7,8 @@ step), so those round trips would come in bursts of as many as there are streams
 process has one list (`Keys.inbox`), which the queue's scripts and the workers append its
 jobs' events to (`lua/lib.lua` emit_raw, `workers/runner.Relay`), and one reader that takes
 whatever is there in one round trip and hands each event to its job's waiter in the process.
+The list is of the pool's slot (`Keys.inbox`), where the pool's scripts append to it: a
+process waiting on jobs of several pools has one inbox per pool (`Inboxes`).
 
 An entry is `<job id> <event>`: the event is JSON, or for a streamed chunk `c<attempt>.<seq> `
 and the chunk's JSON as the engine sent it, passed on to the client unparsed. The run's
@@ -28,6 +30,7 @@ from typing import Any
 
 import redis
 
+from fairqueue.keys import Keys
 from plumbing import wire
 from plumbing.aio_redis import AsyncRedis
 
@@ -127,3 +130,23 @@ class Inbox:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
+
+
+class Inboxes:
+    """One process's (one event loop's) inboxes, named `name`: one per pool it waits on,
+    made when it first waits on a job of the pool."""
+
+    def __init__(self, client: AsyncRedis, keys: Keys, name: str) -> None:
+        self._client, self._keys, self.name = client, keys, name
+        self._inboxes: dict[str, Inbox] = {}
+
+    def of(self, pool: str) -> Inbox:
+        """The inbox of the pool's jobs."""
+        inbox = self._inboxes.get(pool)
+        if inbox is None:
+            inbox = self._inboxes[pool] = Inbox(self._client, self._keys.inbox(pool, self.name))
+        return inbox
+
+    async def close(self) -> None:
+        for inbox in self._inboxes.values():
+            await inbox.close()

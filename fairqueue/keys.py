@@ -2,28 +2,41 @@
 
 The Lua scripts build the same names from the same prefix (see `lua/lib.lua`, whose key
 functions mirror these one for one; `tests/fairqueue/test_lifecycle.py` checks that they
-agree). One Redis instance is assumed: scripts touch keys they derive at run time.
+agree). Every key a pool's decisions touch carries the pool's Redis Cluster hash tag,
+``{p:<pool>}``, so that a decision touches one hash slot: each function call declares the
+tag's prefix (`Keys.pool_tag`) as its one key, which a cluster routes it by
+(docs/decisions/0018-keys-under-the-pools-hash-tag.md). One key of another slot is left:
+``tenant:{tenant}:use``, the tenant's quota in use, shared by the pools, which the pick, the
+release and what frees a running job still touch until the quota leases (`leases.py`) take
+its place there; those calls cannot run on a cluster meanwhile.
 
-Layout (prefix defaults to ``gs:fq:``):
+Layout (prefix defaults to ``gs:fq:``; ``{p}`` is the pool's tag, ``{p:<pool>}:``):
 
 =====================================  =======  ===================================================
 key                                    type     holds
 =====================================  =======  ===================================================
-``job:{job_id}``                       hash     the job: tenant, pool, class, tokens, kv bytes,
+``{p}job:{job_id}``                    hash     the job: tenant, pool, class, tokens, kv bytes,
                                                 state, deadline, engine, attempt, lease, charge
-``job:{job_id}:events``                list     what happened to the job, JSON, for the waiter
+``{p}job:{job_id}:events``             list     what happened to the job, JSON, for the waiter
                                                 (BLPOP): requeued, expired, cancelled, and
                                                 what the run says (chunks, done, error)
-``q:{pool}:{class}:{tenant}``          list     the tenant's waiting job ids, head = left
-``backlog:{pool}:{class}``             zset     backlogged tenants scored by their VTC counter
-``vtc:{pool}:{class}``                 hash     every tenant's VTC counter (also when idle)
-``vtcseated:{pool}:{class}``           string   the highest stamp of a job of the class run to its
+``{p}inbox:{waiter}``                  list     a waiting process's events of the pool's jobs
+                                                it waits on ('<job id> <event>', `inbox.py`)
+``{p}ledger``                          list     the usage ledger's rows the pool's releases
+                                                left, for the flush (`tenants/usage_buffer.py`)
+``{p}q:{class}:{tenant}``              list     the tenant's waiting job ids, head = left
+``{p}backlog:{class}``                 zset     backlogged tenants scored by their VTC counter
+``{p}vtc:{class}``                     hash     every tenant's VTC counter (also when idle)
+``{p}vtcseated:{class}``               string   the highest stamp of a job of the class run to its
                                                 end: no tenant joins the backlog below it
-``cvt:{pool}``                         hash     class virtual time per class (stride scheduling)
-``tenant:{tenant}``                    hash     policy: weight, quota_bytes, burst_bytes
-``tenant:{tenant}:use``                hash     reserved (bytes held by in-flight jobs)
+``{p}cvt``                             hash     class virtual time per class (stride scheduling)
+``{p}tenant:{tenant}``                 hash     the pool's copy of the tenant's policy: weight,
+                                                quota_bytes, burst_bytes
+``tenant:{tenant}``                    hash     the tenant's policy the copies are made from
+``tenant:{tenant}:use``                hash     reserved (bytes held by in-flight jobs, all
+                                                pools together): the one key of another slot
 ``tenants``                            set      tenants that have a policy
-``engine:{engine_id}``                 hash     policy: pool, kv_budget_bytes, max_num_seqs,
+``{p}engine:{engine_id}``              hash     policy: pool, kv_budget_bytes, max_num_seqs,
                                                 queued, offline_load_threshold,
                                                 offline_gate_margin, offline_reserve, the seat
                                                 bounds' target:{class}, fixed:{class},
@@ -32,38 +45,40 @@ key                                    type     holds
                                                 the controllers' below:, cut:, sampled:{class};
                                                 the KV reservation, out_quantile, and the
                                                 samplers' kv_excess_bytes, kv_used_at, kv_scale
-``engine:{engine_id}:use``             hash     reserved (bytes), inflight (seats), standard
+``{p}engine:{engine_id}:use``          hash     reserved (bytes), inflight (seats), standard
                                                 and offline (the seats those classes hold)
-``engine:{engine_id}:ttft:{class}``    list     the latest times to first token there (ms),
+``{p}engine:{engine_id}:ttft:{class}`` list     the latest times to first token there (ms),
                                                 newest first, of a class with a target
 ``engines``                            set      engines that have a policy
-``pool:{pool}:engines``                set      engines serving the pool
-``pool:{pool}:shape``                 hash     what an enqueue checks a job against: engines (how
+``{p}engines``                         set      engines serving the pool
+``{p}shape``                           hash     what an enqueue checks a job against: engines (how
                                                 many serve the pool), largest (KV budget),
                                                 predicts (1: one reserves predictions)
-``pool:{pool}:outpred``                hash     each tenant's predicted output per sequence
+``{p}affinity``                        hash     each affinity key's engine (its latest job's)
+``{p}outpred``                         hash     each tenant's predicted output per sequence
                                                 (tokens): the quantile of its latest answers
-``outlen:{pool}:{tenant}``             list     the tenant's latest output lengths per sequence
+``{p}outlen:{tenant}``                 list     the tenant's latest output lengths per sequence
                                                 in the pool (tokens), newest first
-``pools``                              set      pools that ever had a job or an engine
-``inflight``                           zset     running job ids scored by lease deadline
-``waiting``                            zset     queued job ids scored by queue deadline
-``loops:{pool}:idle``                  zset     dispatch loops waiting for work, scored by when
+``pools``                              set      pools that ever had an engine
+``{p}inflight``                        zset     running job ids scored by lease deadline
+``{p}waiting``                         zset     queued job ids scored by queue deadline
+``{p}loops:idle``                      zset     dispatch loops waiting for work, scored by when
                                                 they stop waiting
-``loops:{pool}:summoned``              string   set while a summoned loop has not started (TTL)
-``loop:{token}:wake``                  list     a waiting loop's wake-up
+``{p}loops:summoned``                  string   set while a summoned loop has not started (TTL)
+``{p}loop:{token}:wake``               list     a waiting loop's wake-up
 ``{t:<tenant>}:quota``                 hash     the tenant's quota leases (leases.py): quota,
                                                 burst, and per pool lease:{pool} (bytes leased
                                                 there) and seq:{pool} (its latest grant's number)
-``{p:<pool>}:lease:<tenant>``          hash     the tenant's lease in the pool: leased, held
+``{p}lease:<tenant>``                  hash     the tenant's lease in the pool: leased, held
                                                 (by its jobs there), seq (the latest grant
                                                 applied or fenced)
 =====================================  =======  ===================================================
 
-Tenant, engine and job ids must not contain ``:``; a pool name may (it is never the last
-segment of a key, so names stay unambiguous). The leases' keys carry a Redis Cluster hash tag,
-``{t:<tenant>}`` or ``{p:<pool>}``: each lease function touches one tag's keys, one slot. A
-pool name in a tag must not contain ``{`` or ``}``, which would end the tag early.
+The indexes (``pools``, ``engines``, ``tenants``) and the policies the copies are made from are
+written by plain commands, outside the scripts. Tenant, engine and job ids must not contain
+``:``; a pool name may (it is never the last segment of a key, so names stay unambiguous),
+but not ``{`` or ``}``, which would end its tag early. The leases' keys carry a tag too,
+``{t:<tenant>}`` or ``{p:<pool>}``: each lease function touches one tag's keys, one slot.
 """
 
 import re
@@ -92,34 +107,49 @@ def check_tag(kind: str, value: str) -> str:
 class Keys:
     prefix: str = DEFAULT_PREFIX
 
-    def job(self, job_id: str) -> str:
-        return f"{self.prefix}job:{job_id}"
+    def pool_tag(self, pool: str) -> str:
+        """What every key of the pool's slot starts with: the prefix and the pool's hash tag.
+        Each function call declares it as its one key, which a cluster routes the call by."""
+        return f"{self.prefix}{{p:{pool}}}:"
 
-    def events(self, job_id: str) -> str:
-        return f"{self.prefix}job:{job_id}:events"
+    def job(self, pool: str, job_id: str) -> str:
+        return f"{self.pool_tag(pool)}job:{job_id}"
 
-    def inbox(self, waiter: str) -> str:
-        """A waiting process's inbox: the events of all the jobs it waits on, each entry
-        '<job id> <event>', read many at a time (see `lua/lib.lua` emit_raw)."""
-        return f"{self.prefix}inbox:{waiter}"
+    def events(self, pool: str, job_id: str) -> str:
+        return f"{self.pool_tag(pool)}job:{job_id}:events"
+
+    def inbox(self, pool: str, waiter: str) -> str:
+        """A waiting process's inbox in the pool: the events of all the jobs of the pool it
+        waits on, each entry '<job id> <event>', read many at a time (see `lua/lib.lua`
+        emit_raw)."""
+        return f"{self.pool_tag(pool)}inbox:{waiter}"
+
+    def ledger(self, pool: str) -> str:
+        """The pool's outbox of the usage ledger's rows, which a release appends to."""
+        return f"{self.pool_tag(pool)}ledger"
 
     def queue(self, pool: str, request_class: str, tenant: str) -> str:
-        return f"{self.prefix}q:{pool}:{request_class}:{tenant}"
+        return f"{self.pool_tag(pool)}q:{request_class}:{tenant}"
 
     def backlog(self, pool: str, request_class: str) -> str:
-        return f"{self.prefix}backlog:{pool}:{request_class}"
+        return f"{self.pool_tag(pool)}backlog:{request_class}"
 
     def counters(self, pool: str, request_class: str) -> str:
-        return f"{self.prefix}vtc:{pool}:{request_class}"
+        return f"{self.pool_tag(pool)}vtc:{request_class}"
 
     def seated(self, pool: str, request_class: str) -> str:
-        return f"{self.prefix}vtcseated:{pool}:{request_class}"
+        return f"{self.pool_tag(pool)}vtcseated:{request_class}"
 
     def class_clock(self, pool: str) -> str:
-        return f"{self.prefix}cvt:{pool}"
+        return f"{self.pool_tag(pool)}cvt"
 
-    def tenant(self, tenant: str) -> str:
+    def tenant_policy(self, tenant: str) -> str:
+        """The tenant's policy as the platform last wrote it: what a pool's copy is made from."""
         return f"{self.prefix}tenant:{tenant}"
+
+    def tenant(self, pool: str, tenant: str) -> str:
+        """The pool's copy of the tenant's policy, which the pool's decisions read."""
+        return f"{self.pool_tag(pool)}tenant:{tenant}"
 
     def tenant_usage(self, tenant: str) -> str:
         return f"{self.prefix}tenant:{tenant}:use"
@@ -127,50 +157,50 @@ class Keys:
     def tenants(self) -> str:
         return f"{self.prefix}tenants"
 
-    def engine(self, engine_id: str) -> str:
-        return f"{self.prefix}engine:{engine_id}"
+    def engine(self, pool: str, engine_id: str) -> str:
+        return f"{self.pool_tag(pool)}engine:{engine_id}"
 
-    def engine_usage(self, engine_id: str) -> str:
-        return f"{self.prefix}engine:{engine_id}:use"
+    def engine_usage(self, pool: str, engine_id: str) -> str:
+        return f"{self.pool_tag(pool)}engine:{engine_id}:use"
 
-    def engine_ttfts(self, engine_id: str, request_class: str) -> str:
-        return f"{self.prefix}engine:{engine_id}:ttft:{request_class}"
+    def engine_ttfts(self, pool: str, engine_id: str, request_class: str) -> str:
+        return f"{self.pool_tag(pool)}engine:{engine_id}:ttft:{request_class}"
 
     def pool_shape(self, pool: str) -> str:
-        return f"{self.prefix}pool:{pool}:shape"
+        return f"{self.pool_tag(pool)}shape"
 
     def pool_affinity(self, pool: str) -> str:
-        return f"{self.prefix}pool:{pool}:affinity"
+        return f"{self.pool_tag(pool)}affinity"
 
     def output_predictions(self, pool: str) -> str:
-        return f"{self.prefix}pool:{pool}:outpred"
+        return f"{self.pool_tag(pool)}outpred"
 
     def output_lengths(self, pool: str, tenant: str) -> str:
-        return f"{self.prefix}outlen:{pool}:{tenant}"
+        return f"{self.pool_tag(pool)}outlen:{tenant}"
 
     def engines(self) -> str:
         return f"{self.prefix}engines"
 
     def pool_engines(self, pool: str) -> str:
-        return f"{self.prefix}pool:{pool}:engines"
+        return f"{self.pool_tag(pool)}engines"
 
     def pools(self) -> str:
         return f"{self.prefix}pools"
 
     def idle_loops(self, pool: str) -> str:
-        return f"{self.prefix}loops:{pool}:idle"
+        return f"{self.pool_tag(pool)}loops:idle"
 
     def loop_summoned(self, pool: str) -> str:
-        return f"{self.prefix}loops:{pool}:summoned"
+        return f"{self.pool_tag(pool)}loops:summoned"
 
-    def loop_wake(self, token: str) -> str:
-        return f"{self.prefix}loop:{token}:wake"
+    def loop_wake(self, pool: str, token: str) -> str:
+        return f"{self.pool_tag(pool)}loop:{token}:wake"
 
-    def inflight(self) -> str:
-        return f"{self.prefix}inflight"
+    def inflight(self, pool: str) -> str:
+        return f"{self.pool_tag(pool)}inflight"
 
-    def waiting(self) -> str:
-        return f"{self.prefix}waiting"
+    def waiting(self, pool: str) -> str:
+        return f"{self.pool_tag(pool)}waiting"
 
     def lease_quota(self, tenant: str) -> str:
         """The tenant's slot of the quota leases: its quota, burst and leases per pool."""
@@ -178,4 +208,4 @@ class Keys:
 
     def lease(self, pool: str, tenant: str) -> str:
         """The tenant's lease in the pool's slot: leased, held, the latest grant's number."""
-        return f"{self.prefix}{{p:{pool}}}:lease:{tenant}"
+        return f"{self.pool_tag(pool)}lease:{tenant}"

@@ -1,11 +1,13 @@
 """The fair queue's scripts as one Redis Functions library, loaded once and called by name.
 
 `lua/lib.lua` (the shared helpers) is the library's top level; each script file in `lua/`
-becomes one function whose body is that file, run after `begin` has read the call's common
-arguments (`begin_keyed`, for the quota leases' functions, which are called with their
-keys). Redis runs the top level when the library is loaded, not on every call as it would
-for a script sent with EVALSHA, where the helpers' hundred-odd closures are made again each
-time (see docs/decisions/0012-fair-queue-as-redis-functions.md).
+becomes one function whose body is that file, run after `begin` has read the call's key
+(its pool's tag prefix: every call names one key, of the slot it touches, which a cluster
+routes it by) and its common arguments (`begin_keyed`, for the quota leases' functions,
+which are called with their keys whole). Redis runs the top level when the library is
+loaded, not on every call as it would for a script sent with EVALSHA, where the helpers'
+hundred-odd closures are made again each time (see
+docs/decisions/0012-fair-queue-as-redis-functions.md).
 
 The library's name carries a hash of its source: processes of two releases side by side (a
 rolling upgrade) each call their own library's functions, and an old library stays until an
@@ -63,7 +65,7 @@ def library_source() -> str:
         if name in LEASE_SCRIPTS:
             head = "function(keys, argv)\nbegin_keyed(keys, argv)"
         else:
-            head = "function(_, argv)\nbegin(argv)"
+            head = "function(keys, argv)\nbegin(keys, argv)"
         parts.append(f"redis.register_function('{function_name(name)}', {head}\n{body}\nend)")
     return "\n".join(parts) + "\n"
 

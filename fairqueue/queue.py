@@ -79,7 +79,7 @@ from fairqueue.domain import (
     TenantPolicy,
 )
 from fairqueue.inbox import chunk_entry, event_entry
-from fairqueue.keys import Keys, check_id
+from fairqueue.keys import Keys, check_id, check_tag
 from fairqueue.reservations import EngineReservation, engine_reservation
 from fairqueue.seats import EngineSeats, engine_seats
 from plumbing import wire
@@ -166,27 +166,63 @@ class FairQueue:
     # --- policies (written by the platform from its database) ----------------------------
 
     def set_tenant_policy(self, tenant: str, policy: TenantPolicy) -> None:
+        """Writes the tenant's policy, and its copy in every pool (a pool's decisions read
+        their pool's copy: one slot; `set_engine_policy` copies them into a pool that gets
+        its first engine)."""
         check_id("tenant", tenant)
+        fields: dict[Any, Any] = {
+            "weight": repr(float(policy.weight)),
+            "quota_bytes": policy.quota_bytes,
+            "burst_bytes": policy.burst_bytes,
+        }
         pipe = self.redis.pipeline()
-        pipe.hset(
-            self.keys.tenant(tenant),
-            mapping={
-                "weight": repr(float(policy.weight)),
-                "quota_bytes": policy.quota_bytes,
-                "burst_bytes": policy.burst_bytes,
-            },
-        )
+        pipe.hset(self.keys.tenant_policy(tenant), mapping=fields)
+        for pool in self.pools():
+            pipe.hset(self.keys.tenant(pool, tenant), mapping=fields)
         pipe.sadd(self.keys.tenants(), tenant)
         pipe.execute()
 
+    def pools(self) -> list[str]:
+        """The pools that ever had an engine, by name."""
+        return sorted(_text(p) for p in self.redis.smembers(self.keys.pools()))
+
+    def engine_pool(self, engine_id: str) -> str | None:
+        """The pool the engine serves now (None: none), from the pools' engine sets."""
+        pools = self.pools()
+        pipe = self.redis.pipeline(transaction=False)
+        for pool in pools:
+            pipe.sismember(self.keys.pool_engines(pool), engine_id)
+        return next((p for p, found in zip(pools, pipe.execute(), strict=True) if found), None)
+
+    def _copy_tenant_policies(self, pool: str) -> None:
+        """Every tenant's policy copied into the pool's slot (see `set_tenant_policy`)."""
+        tenants = sorted(_text(t) for t in self.redis.smembers(self.keys.tenants()))
+        pipe = self.redis.pipeline(transaction=False)
+        for tenant in tenants:
+            pipe.hgetall(self.keys.tenant_policy(tenant))
+        policies = pipe.execute()
+        for tenant, fields in zip(tenants, policies, strict=True):
+            if fields:
+                pipe.hset(self.keys.tenant(pool, tenant), mapping=fields)
+        pipe.execute()
+
     def set_engine_policy(self, policy: EnginePolicy) -> None:
+        """Writes the engine's policy in its pool. An engine that changes pool leaves the
+        one it served (as `remove_engine`: its in-flight jobs still release there) and joins
+        the new one afresh."""
         check_id("engine", policy.engine_id)
-        key = self.keys.engine(policy.engine_id)
-        names = ["pool", *(f"target:{c}" for c in BOUNDED_CLASSES)]
-        previous, *targets = self.redis.hmget(key, names)
+        pool = check_tag("pool", policy.pool)
+        previous = self.engine_pool(policy.engine_id)
+        if previous is not None and previous != pool:
+            self._leave_pool(previous, policy.engine_id)
+        if previous != pool:
+            # An engine new to the pool (its first one among them): the tenants' policies
+            # are copied in before the pool takes a job, which needs an engine.
+            self._copy_tenant_policies(pool)
+        key = self.keys.engine(pool, policy.engine_id)
+        names = [f"target:{c}" for c in BOUNDED_CLASSES]
+        targets = self.redis.hmget(key, names)
         pipe = self.redis.pipeline()
-        if previous is not None and _text(previous) != policy.pool:
-            pipe.srem(self.keys.pool_engines(_text(previous)), policy.engine_id)
         bounds: dict[str, str] = {}  # the bounds set, as the engine's hash holds them
         for request_class, was in zip(BOUNDED_CLASSES, targets, strict=True):
             target = policy.ttft_targets_s.get(request_class)
@@ -198,7 +234,7 @@ class FairQueue:
             if was is None or target is None or float(was) != target:
                 # A new target starts its controller afresh: the bound it held was for another.
                 pipe.hdel(key, *(f"{f}:{request_class}" for f in CONTROLLER_FIELDS))
-                pipe.delete(self.keys.engine_ttfts(policy.engine_id, request_class))
+                pipe.delete(self.keys.engine_ttfts(pool, policy.engine_id, request_class))
         stale = [f"{kind}:{c}" for kind in ("target", "fixed") for c in BOUNDED_CLASSES]
         if unset := [name for name in stale if name not in bounds]:
             pipe.hdel(key, *unset)
@@ -208,7 +244,7 @@ class FairQueue:
             "target_quantile": repr(controller.quantile),
             "target_step": repr(controller.step),
             "target_idle_s": repr(controller.idle_s),
-            "pool": policy.pool,
+            "pool": pool,
             "kv_budget_bytes": policy.kv_budget_bytes,
             "max_num_seqs": policy.max_num_seqs,
             "queued": policy.queued,
@@ -221,14 +257,14 @@ class FairQueue:
         }
         pipe.hset(key, mapping=fields)
         pipe.sadd(self.keys.engines(), policy.engine_id)
-        pipe.sadd(self.keys.pool_engines(policy.pool), policy.engine_id)
-        pipe.sadd(self.keys.pools(), policy.pool)
+        pipe.sadd(self.keys.pool_engines(pool), policy.engine_id)
+        pipe.sadd(self.keys.pools(), pool)
         pipe.execute()
-        pools = {policy.pool} | ({_text(previous)} if previous is not None else set())
-        self._run("pool_shape", *sorted(pools))
+        self._run("pool_shape", pool, pool)
 
     def set_engine_load(
         self,
+        pool: str,
         engine_id: str,
         load: float,
         signal: str = "",
@@ -237,31 +273,38 @@ class FairQueue:
         preempted: float | None = None,
         now: float | None = None,
     ) -> bool:
-        """Writes the samplers' load of an engine, and which signal it came from; moves the
-        offline gate's hysteresis (`lua/set_load.lua`). `kv_usage` (0..1), the engine's own
-        measure of its KV in use, and `preempted`, the requests it preempted since the last
-        reading, steer the `predict` mode's admission (None: not known). Returns whether the
-        load holds the gate shut now."""
+        """Writes the samplers' load of an engine of `pool`, and which signal it came from;
+        moves the offline gate's hysteresis (`lua/set_load.lua`). `kv_usage` (0..1), the
+        engine's own measure of its KV in use, and `preempted`, the requests it preempted
+        since the last reading, steer the `predict` mode's admission (None: not known).
+        Returns whether the load holds the gate shut now."""
         check_id("engine", engine_id)
         measures = ["" if v is None else repr(float(v)) for v in (kv_usage, preempted)]
-        return bool(self._run("set_load", engine_id, repr(float(load)), signal, *measures, now=now))
+        args = [engine_id, repr(float(load)), signal, *measures]
+        return bool(self._run("set_load", pool, *args, now=now))
 
-    def grow(self, job_id: str, attempt: int, tokens: int, *, now: float | None = None) -> int:
+    def grow(
+        self, pool: str, job_id: str, attempt: int, tokens: int, *, now: float | None = None
+    ) -> int:
         """A running job generated `tokens` (its sequences together): its reservation grows
         when they pass what it covers (`lua/grow.lua`). Returns the tokens it covers now; -1
         when it reserves its worst case, -2 when the job is not this attempt's any more."""
-        return int(self._run("grow", job_id, attempt, int(tokens), now=now))
+        return int(self._run("grow", pool, job_id, attempt, int(tokens), now=now))
 
     def remove_engine(self, engine_id: str) -> None:
         """No new picks for the engine; its in-flight jobs still release normally."""
-        pool = self.redis.hget(self.keys.engine(engine_id), "pool")
+        pool = self.engine_pool(engine_id)
+        if pool is not None:
+            self._leave_pool(pool, engine_id)
+
+    def _leave_pool(self, pool: str, engine_id: str) -> None:
+        """The engine takes no more of the pool's jobs; its usage stays for its in-flight
+        jobs' releases."""
         pipe = self.redis.pipeline()
-        if pool is not None:
-            pipe.srem(self.keys.pool_engines(_text(pool)), engine_id)
-        pipe.delete(self.keys.engine(engine_id))
+        pipe.srem(self.keys.pool_engines(pool), engine_id)
+        pipe.delete(self.keys.engine(pool, engine_id))
         pipe.execute()
-        if pool is not None:
-            self._run("pool_shape", _text(pool))
+        self._run("pool_shape", pool, pool)
 
     # --- the decisions --------------------------------------------------------------------
 
@@ -283,8 +326,15 @@ class FairQueue:
         """What a call of script `name` waits for behind it (see the module's docstring)."""
         return self.fence if name in FENCED_SCRIPTS else NO_FENCE
 
-    def _run(self, name: str, *args: Any, now: float | None = None) -> Any:
-        call = ("FCALL", library.function_name(name), 0, *self.script_head(now), *args)
+    def call_head(self, name: str, pool: str, now: float | None = None) -> list[Any]:
+        """FCALL of script `name` for `pool` up to its arguments: the function, its one key
+        (the pool's tag prefix: a cluster routes the call to the pool's slot) and
+        `script_head`."""
+        return ["FCALL", library.function_name(name), 1, self.keys.pool_tag(pool),
+                *self.script_head(now)]  # fmt: skip
+
+    def _run(self, name: str, pool: str, *args: Any, now: float | None = None) -> Any:
+        call = (*self.call_head(name, pool, now), *args)
         fence = self.fence_for(name)
         try:
             return self._call(call, fence)
@@ -350,7 +400,7 @@ class FairQueue:
         self, *, summon: bool, now: float | None = None, **fields: Any
     ) -> tuple[Job, bool]:
         args = self.enqueue_args(summon=summon, **fields)
-        return self.enqueue_answer(self._run("enqueue", *args, now=now), args)
+        return self.enqueue_answer(self._run("enqueue", args[2], *args, now=now), args)
 
     def enqueue_args(
         self,
@@ -395,6 +445,7 @@ class FairQueue:
             raise ValueError("KV bytes cannot be negative")
         job_id = check_id("job", job_id or uuid.uuid4().hex)
         check_id("tenant", tenant)
+        check_tag("pool", pool)
         timeout = repr(float(self.config.queue_timeouts_s[request_class]))
         return [
             *(job_id, tenant, pool, request_class, prompt_tokens, max_tokens, kv_bytes),
@@ -444,10 +495,12 @@ class FairQueue:
         when nothing may run now. For `engine_id`, or (empty) for the pool's engine with the
         most free KV (ties: fewest in flight) that can run one. A dispatch `loop` that gets
         None is registered idle: it waits for work with `wait_for_work`."""
-        return pick_answer(self._run("pick", *self.pick_args(pool, engine_id, loop), now=now), loop)
+        args = self.pick_args(pool, engine_id, loop)
+        return pick_answer(self._run("pick", pool, *args, now=now), loop)
 
     def release(
         self,
+        pool: str,
         job_id: str,
         prompt_tokens: int,
         completion_tokens: int,
@@ -460,7 +513,7 @@ class FairQueue:
         False (and nothing changed) when the job is not running, or not as `attempt`.
         `last_words` are told in the same step, released or not."""
         args = release_args(job_id, prompt_tokens, completion_tokens, attempt, last_words)
-        return bool(self._run("release", *args, now=now))
+        return bool(self._run("release", pool, *args, now=now))
 
     def release_and_pick(
         self,
@@ -484,7 +537,7 @@ class FairQueue:
             job, prompt_tokens, completion_tokens, pool, engine_id, loop, last_words,
             same_engine,
         )  # fmt: skip
-        return release_pick_answer(self._run("release_pick", *args, now=now), loop)
+        return release_pick_answer(self._run("release_pick", pool, *args, now=now), loop)
 
     def release_pick_args(
         self,
@@ -531,7 +584,7 @@ class FairQueue:
         a loop that dies waiting is forgotten within seconds rather than woken for nothing.
         A registration already gone (the loop stalled past it) ends the wait."""
         idle = self.keys.idle_loops(pool)
-        wake = self.keys.loop_wake(loop.token)
+        wake = self.keys.loop_wake(pool, loop.token)
         waits_until = time.monotonic() + timeout_s
         while stop is None or not stop.is_set():
             left = waits_until - time.monotonic()
@@ -575,26 +628,29 @@ class FairQueue:
 
     def stop_waiting(self, pool: str, loop: DispatchLoop) -> bool:
         """An idle loop leaves; True when it was woken meanwhile (its work needs a loop)."""
-        return bool(self._run("stop_waiting", pool, loop.token))
+        return bool(self._run("stop_waiting", pool, pool, loop.token))
 
     def kick(self, pool: str) -> bool:
         """Nudges the pool's dispatch loops (its waiting work may have missed its loop):
         wakes an idle one; True when none is idle and the caller must summon one."""
-        return _text(self._run("kick", pool, str(self.config.loop_summon_s))) == "summon"
+        return _text(self._run("kick", pool, pool, str(self.config.loop_summon_s))) == "summon"
 
-    def renew_lease(self, job_id: str, attempt: int, now: float | None = None) -> bool:
+    def renew_lease(self, pool: str, job_id: str, attempt: int, now: float | None = None) -> bool:
         """Extends the lease; False means the job is no longer the caller's: stop running it."""
-        return bool(self._run("renew", *self.renew_args(job_id, attempt), now=now))
+        return bool(self._run("renew", pool, *self.renew_args(job_id, attempt), now=now))
 
     def renew_args(self, job_id: str, attempt: int) -> list[Any]:
         return [job_id, str(attempt), repr(float(self.config.lease_s))]
 
-    def cancel(self, job_id: str, reason: str = "cancelled", now: float | None = None) -> str:
+    def cancel(
+        self, pool: str, job_id: str, reason: str = "cancelled", now: float | None = None
+    ) -> str:
         """Cancels a queued or running job; returns the state it was in, '' if neither."""
-        return _text(self._run("cancel", job_id, reason, now=now))
+        return _text(self._run("cancel", pool, job_id, reason, now=now))
 
     def requeue(
         self,
+        pool: str,
         job_id: str,
         *,
         attempt: int | None = None,
@@ -602,25 +658,40 @@ class FairQueue:
         now: float | None = None,
     ) -> bool:
         """Gives a running job back to the head of its queue (e.g. its engine went away)."""
-        return bool(self._run("requeue", *self.requeue_args(job_id, attempt, reason), now=now))
+        args = self.requeue_args(job_id, attempt, reason)
+        return bool(self._run("requeue", pool, *args, now=now))
 
     def requeue_args(self, job_id: str, attempt: int | None, reason: str) -> list[Any]:
         stamp = "" if attempt is None else str(attempt)
         return [job_id, stamp, reason, *map(repr, self.config.timeout_args())]
 
-    def reap_expired_leases(self, now: float | None = None, limit: int = 100) -> list[str]:
-        timeouts = map(repr, self.config.timeout_args())
-        return [_text(job_id) for job_id in self._run("reap", limit, *timeouts, now=now)]
+    def reap_expired_leases(
+        self, now: float | None = None, limit: int = 100, *, pool: str | None = None
+    ) -> list[str]:
+        """Running jobs whose lease ended go back to their queues: of `pool`, or (None) of
+        every pool, at most `limit` per pool. Returns their ids."""
+        timeouts = [repr(t) for t in self.config.timeout_args()]
+        return self._per_pool("reap", pool, [limit, *timeouts], now)
 
-    def expire_waiting(self, now: float | None = None, limit: int = 100) -> list[str]:
-        return [_text(job_id) for job_id in self._run("expire", limit, now=now)]
+    def expire_waiting(
+        self, now: float | None = None, limit: int = 100, *, pool: str | None = None
+    ) -> list[str]:
+        """Queued jobs past their queue deadline end, their waiters told: of `pool`, or
+        (None) of every pool, at most `limit` per pool. Returns their ids."""
+        return self._per_pool("expire", pool, [limit], now)
+
+    def _per_pool(
+        self, name: str, pool: str | None, args: list[Any], now: float | None
+    ) -> list[str]:
+        pools = self.pools() if pool is None else [pool]
+        return [_text(job) for p in pools for job in self._run(name, p, *args, now=now)]
 
     # --- the waiter's channel ---------------------------------------------------------------
 
-    def publish(self, job_id: str, event: Mapping[str, Any]) -> None:
+    def publish(self, pool: str, job_id: str, event: Mapping[str, Any]) -> None:
         """Appends an event to the job's waiter's inbox, or (nobody waits: a batch line) to
         the job's own event list, as the scripts' events go (`lua/lib.lua` emit_raw)."""
-        inbox = self.redis.hget(self.keys.job(job_id), "inbox")
+        inbox = self.redis.hget(self.keys.job(pool, job_id), "inbox")
         if inbox:
             if event.get("event") == "chunk":
                 data = wire.dumps_bytes(event["data"])
@@ -632,7 +703,7 @@ class FairQueue:
             pipe.expire(inbox, self.config.keep_s)
             pipe.execute()
             return
-        key, raw = self.keys.events(job_id), wire.dumps(dict(event))
+        key, raw = self.keys.events(pool, job_id), wire.dumps(dict(event))
         if self._raw is None:
             pipe = self.redis.pipeline()
             pipe.rpush(key, raw)
@@ -653,23 +724,22 @@ class FairQueue:
             commands += [("RPUSH", key, *raws), ("EXPIRE", key, self.config.keep_s)]
         return [*commands, ("EXEC",)]
 
-    def wait_event(self, job_id: str, timeout_s: float) -> dict[str, Any] | None:
+    def wait_event(self, pool: str, job_id: str, timeout_s: float) -> dict[str, Any] | None:
         """The job's next event, waiting up to `timeout_s`; None when none came."""
-        answer = self.redis.blpop([self.keys.events(job_id)], timeout=timeout_s)
+        answer = self.redis.blpop([self.keys.events(pool, job_id)], timeout=timeout_s)
         if answer is None:
             return None
         event: dict[str, Any] = wire.loads(_text(answer[1]))
         return event
 
-    def events(self, job_id: str) -> list[dict[str, Any]]:
+    def events(self, pool: str, job_id: str) -> list[dict[str, Any]]:
         """The job's events nobody has taken yet, oldest first, left in place."""
-        return [
-            wire.loads(_text(raw)) for raw in self.redis.lrange(self.keys.events(job_id), 0, -1)
-        ]
+        raws = self.redis.lrange(self.keys.events(pool, job_id), 0, -1)
+        return [wire.loads(_text(raw)) for raw in raws]
 
-    def forget_events(self, job_id: str) -> None:
+    def forget_events(self, pool: str, job_id: str) -> None:
         """Drops the job's untaken events (a batch line's, once its answer is stored)."""
-        self.redis.delete(self.keys.events(job_id))
+        self.redis.delete(self.keys.events(pool, job_id))
 
     # --- reads ------------------------------------------------------------------------------
 
@@ -680,35 +750,94 @@ class FairQueue:
         """The engines that take jobs of `pool` now, by name."""
         return sorted(_text(e) for e in self.redis.smembers(self.keys.pool_engines(pool)))
 
-    def job_state(self, job_id: str) -> tuple[str, int] | None:
+    def job_state(self, pool: str, job_id: str) -> tuple[str, int] | None:
         """A job's state and attempt, without its payload (which can be large)."""
-        state, attempt = self.redis.hmget(self.keys.job(job_id), ["state", "attempt"])
+        state, attempt = self.redis.hmget(self.keys.job(pool, job_id), ["state", "attempt"])
         return None if state is None else (_text(state), int(attempt or 0))
 
-    def get_job(self, job_id: str) -> Job | None:
-        fields = self._hash(self.keys.job(job_id))
+    def get_job(self, pool: str, job_id: str) -> Job | None:
+        fields = self._hash(self.keys.job(pool, job_id))
         return Job.from_hash(job_id, fields) if fields else None
 
     def check(self, repair: bool = False) -> CheckReport:
-        raw = json.loads(_text(self._run("check", "1" if repair else "0")))
-        # cjson encodes an empty Lua table as an object, so an empty list may arrive as {}.
-        problems = list(raw["problems"]) if isinstance(raw["problems"], list) else []
-        tenants = raw["tenants"] if isinstance(raw["tenants"], dict) else {}
-        engines = raw["engines"] if isinstance(raw["engines"], dict) else {}
+        """Each pool's reserved totals against its in-flight jobs (`lua/check.lua`, a pool at
+        a time), then each tenant's quota in use against what its jobs hold in every pool
+        (`_check_tenants`). `repair` sets the totals to what the jobs hold."""
+        engines: dict[str, tuple[int, int, int, int]] = {}
+        problems: list[str] = []
+        for pool in self.pools():
+            raw = self._check_pool(pool, repair)
+            engines.update(
+                {e: (int(v[0]), int(v[1]), int(v[2]), int(v[3])) for e, v in raw["engines"].items()}
+            )
+            problems += raw["problems"]
+        tenants = self._check_tenants(repair)
+        problems += [
+            f"tenant {t}: reserved {recorded} bytes, in-flight jobs hold {expected}"
+            for t, (recorded, expected) in sorted(tenants.items())
+            if recorded != expected
+        ]
         return CheckReport(
-            tenant_reserved={t: (int(v[0]), int(v[1])) for t, v in tenants.items()},
-            engine_reserved={
-                e: (int(v[0]), int(v[1]), int(v[2]), int(v[3])) for e, v in engines.items()
-            },
+            tenant_reserved=tenants,
+            engine_reserved=engines,
             problems=problems,
             repaired=repair and bool(problems),
         )
+
+    def _check_pool(self, pool: str, repair: bool) -> dict[str, Any]:
+        raw = json.loads(_text(self._run("check", pool, pool, "1" if repair else "0")))
+        # cjson encodes an empty Lua table as an object, so an empty list may arrive as {}.
+        return {
+            name: raw[name] if isinstance(raw[name], kind) else kind()
+            for name, kind in (("held", dict), ("engines", dict), ("problems", list))
+        }
+
+    def _check_tenants(self, repair: bool) -> dict[str, tuple[int, int]]:
+        """Each tenant's quota in use, (recorded, what its in-flight jobs hold in every
+        pool), repaired where they differ with `repair`. The quota in use spans the pools'
+        slots: it is counted under WATCH of it and of every pool's in-flight index, and
+        written only if neither moved meanwhile (else counted again)."""
+        extra: set[str] = set()  # tenants with jobs in flight but no policy
+        while True:
+            with self.redis.pipeline() as pipe:
+                try:
+                    pools = self.pools()
+                    tenants = {_text(t) for t in self.redis.smembers(self.keys.tenants())}
+                    names = sorted(tenants | extra)
+                    if not pools and not names:
+                        return {}
+                    pipe.watch(
+                        *(self.keys.inflight(p) for p in pools),
+                        *(self.keys.tenant_usage(t) for t in names),
+                    )
+                    held: dict[str, int] = {}
+                    for pool in pools:
+                        for tenant, amount in self._check_pool(pool, False)["held"].items():
+                            held[tenant] = held.get(tenant, 0) + int(amount)
+                    if not set(held) <= set(names):
+                        extra |= set(held)
+                        continue  # those tenants' totals are watched too, from the start
+                    recorded = {
+                        t: int(pipe.hget(self.keys.tenant_usage(t), "reserved") or 0) for t in names
+                    }
+                    report = {t: (recorded[t], held.get(t, 0)) for t in names}
+                    drift = {
+                        t: expected for t, (was, expected) in report.items() if was != expected
+                    }
+                    # EXEC, empty unless repairing: the count stands only if nothing moved.
+                    pipe.multi()
+                    for tenant, amount in drift.items() if repair else ():
+                        pipe.hset(self.keys.tenant_usage(tenant), "reserved", amount)
+                    pipe.execute()
+                    return report
+                except redis.WatchError:
+                    continue
 
     def pools_with_waiting_work(self) -> list[str]:
         """The pools where some tenant has a job waiting (in two round trips, whatever the
         load): what housekeeping kicks every few seconds. `snapshot` reads the same through
         a round trip per running job and per tenant queue."""
-        pools = sorted(_text(p) for p in self.redis.smembers(self.keys.pools()))
+        pools = self.pools()
         pipe = self.redis.pipeline(transaction=False)
         for pool in pools:
             for request_class in REQUEST_CLASSES:
@@ -719,14 +848,26 @@ class FairQueue:
     def engine_reserved_bytes(self) -> dict[str, int]:
         """The KV bytes reserved on each engine now (two round trips): the sampler's part of
         `snapshot`."""
-        engines = sorted(_text(e) for e in self.redis.smembers(self.keys.engines()))
+        engines = self._pool_engines(None)
         pipe = self.redis.pipeline(transaction=False)
-        for engine in engines:
-            pipe.hget(self.keys.engine_usage(engine), "reserved")
-        return {e: int(v or 0) for e, v in zip(engines, pipe.execute(), strict=True)}
+        for pool, engine in engines:
+            pipe.hget(self.keys.engine_usage(pool, engine), "reserved")
+        return {e: int(v or 0) for (_, e), v in zip(engines, pipe.execute(), strict=True)}
+
+    def _pool_engines(self, pool: str | None) -> list[tuple[str, str]]:
+        """(pool, engine) for each engine serving `pool`, or (None) any pool, in one round
+        trip past the pools' names; by engine."""
+        pools = self.pools() if pool is None else [pool]
+        pipe = self.redis.pipeline(transaction=False)
+        for name in pools:
+            pipe.smembers(self.keys.pool_engines(name))
+        found = zip(pools, pipe.execute(), strict=True)
+        return sorted(
+            ((p, _text(e)) for p, members in found for e in members), key=lambda pe: pe[1]
+        )
 
     def _engine_states(
-        self, pool: str | None, now: float | None, extra: Callable[[Any, str], None]
+        self, pool: str | None, now: float | None, extra: Callable[[Any, str, str], None]
     ) -> tuple[float, Iterator[tuple[str, dict[str, str], dict[str, str], Iterator[Any]]]]:
         """Each engine (of `pool`, or all) with its policy and usage hashes, and the answers
         of what `extra` asked the pipeline for it, in two round trips; engines removed
@@ -734,17 +875,16 @@ class FairQueue:
         if now is None:
             seconds, micros = self.redis.time()
             now = seconds + micros / 1e6
-        key = self.keys.pool_engines(pool) if pool is not None else self.keys.engines()
-        engines = sorted(_text(e) for e in self.redis.smembers(key))
+        engines = self._pool_engines(pool)
         pipe = self.redis.pipeline(transaction=False)
-        for engine in engines:
-            pipe.hgetall(self.keys.engine(engine))
-            pipe.hgetall(self.keys.engine_usage(engine))
-            extra(pipe, engine)
+        for engine_pool, engine in engines:
+            pipe.hgetall(self.keys.engine(engine_pool, engine))
+            pipe.hgetall(self.keys.engine_usage(engine_pool, engine))
+            extra(pipe, engine_pool, engine)
         answers = iter(pipe.execute())
 
         def states() -> Iterator[tuple[str, dict[str, str], dict[str, str], Iterator[Any]]]:
-            for engine in engines:
+            for _, engine in engines:
                 fields = {_text(k): _text(v) for k, v in next(answers).items()}
                 usage = {_text(k): _text(v) for k, v in next(answers).items()}
                 yield engine, fields, usage, answers
@@ -755,9 +895,9 @@ class FairQueue:
         """The seats of each engine (of `pool`, or all) by class: bounds, what the classes
         hold and their times to first token (`fairqueue.seats`), in two round trips."""
 
-        def ttfts(pipe: Any, engine: str) -> None:
+        def ttfts(pipe: Any, engine_pool: str, engine: str) -> None:
             for request_class in BOUNDED_CLASSES:
-                pipe.lrange(self.keys.engine_ttfts(engine, request_class), 0, -1)
+                pipe.lrange(self.keys.engine_ttfts(engine_pool, engine, request_class), 0, -1)
 
         now, states = self._engine_states(pool, now, ttfts)
         reports = []
@@ -772,7 +912,7 @@ class FairQueue:
     ) -> list[EngineReservation]:
         """The KV reservations of each engine (of `pool`, or all): mode, budget and its
         scale, reserved and measured (`fairqueue.reservations`), in two round trips."""
-        now, states = self._engine_states(pool, now, lambda pipe, engine: None)
+        now, states = self._engine_states(pool, now, lambda pipe, engine_pool, engine: None)
         return [
             engine_reservation(engine, fields, usage, now)
             for engine, fields, usage, _ in states
@@ -791,14 +931,15 @@ class FairQueue:
         if now is None:
             seconds, micros = self.redis.time()
             now = seconds + micros / 1e6
-        running = self._running_counts()
         rows: list[QueueRow] = []
-        for pool in sorted(_text(p) for p in self.redis.smembers(self.keys.pools())):
+        for pool in self.pools():
+            running = self._running_counts(pool)
             for request_class in REQUEST_CLASSES:
                 rows.extend(self._queue_rows(pool, request_class, running, now))
         tenants = sorted(_text(t) for t in self.redis.smembers(self.keys.tenants()))
-        engines = sorted(_text(e) for e in self.redis.smembers(self.keys.engines()))
-        engine_use = [self._hash(self.keys.engine_usage(e)) for e in engines]
+        pool_engines = self._pool_engines(None)
+        engines = [engine for _, engine in pool_engines]
+        engine_use = [self._hash(self.keys.engine_usage(p, e)) for p, e in pool_engines]
         return Snapshot(
             queues=rows,
             tenant_reserved_bytes={
@@ -815,10 +956,10 @@ class FairQueue:
             },
         )
 
-    def _running_counts(self) -> dict[tuple[str, str, str], int]:
+    def _running_counts(self, pool: str) -> dict[tuple[str, str, str], int]:
         counts: dict[tuple[str, str, str], int] = {}
-        for job_id in self.redis.zrange(self.keys.inflight(), 0, -1):
-            fields = self.redis.hmget(self.keys.job(_text(job_id)), ["pool", "cls", "tenant"])
+        for job_id in self.redis.zrange(self.keys.inflight(pool), 0, -1):
+            fields = self.redis.hmget(self.keys.job(pool, _text(job_id)), ["pool", "cls", "tenant"])
             if None not in fields:
                 key = (_text(fields[0]), _text(fields[1]), _text(fields[2]))
                 counts[key] = counts.get(key, 0) + 1
@@ -841,7 +982,7 @@ class FairQueue:
             head = self.redis.lindex(queue, 0)
             oldest = None
             if head is not None:
-                enqueued = self.redis.hget(self.keys.job(_text(head)), "enqueued_at")
+                enqueued = self.redis.hget(self.keys.job(pool, _text(head)), "enqueued_at")
                 oldest = now - float(enqueued) if enqueued is not None else None
             rows.append(
                 QueueRow(

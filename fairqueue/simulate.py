@@ -100,7 +100,7 @@ def simulate(
         for job_id, run in list(running.items()):
             run.produced += 1
             if run.produced >= run.output_tokens:
-                fq.release(job_id, run.prompt_tokens, run.output_tokens, now=float(tick))
+                fq.release(SIM_POOL, job_id, run.prompt_tokens, run.output_tokens, now=float(tick))
                 result.service[run.tenant] += run.prompt_tokens + 2 * run.output_tokens
                 del running[job_id]
         while (job := fq.pick(SIM_POOL, SIM_ENGINE, now=float(tick))) is not None:

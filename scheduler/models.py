@@ -331,6 +331,9 @@ class BatchLine(models.Model):
     body = models.JSONField()
     state = models.CharField(max_length=10, choices=LineState.choices, default=LineState.PENDING)
     job_id = models.CharField(max_length=64, blank=True, help_text="Its current fair-queue job.")
+    job_pool = models.CharField(
+        max_length=255, blank=True, help_text="The fair-queue pool its current job is in."
+    )
     runs = models.PositiveIntegerField(default=0, help_text="Times it was handed to the queue.")
     fed_at = models.DateTimeField(null=True, blank=True)
     # First time the feeder saw its job ended in Redis without a result here: after a grace

@@ -30,6 +30,7 @@ from scheduler.models import (
     Pool,
     ScalingDecision,
 )
+from scheduler.pools.names import engine_pool
 from tenants.models import Tenant
 
 _DEVICE_KEY = re.compile(r"^(?:(?P<node>[^/]+)/)?(?P<kind>gpu|cpu)(?P<index>\d+)$")
@@ -239,8 +240,9 @@ def engine_gate(*, queue: FairQueue, engine: Engine, now: float | None = None) -
     the seat bounds of the classes above offline (`fairqueue.seats`), at `now` (Redis's
     clock when not given: the scripts' clock, which decides whether a bound has lapsed)."""
     pipe = queue.redis.pipeline(transaction=False)
-    pipe.hgetall(queue.keys.engine(engine.name))
-    pipe.hgetall(queue.keys.engine_usage(engine.name))
+    pool = engine_pool(engine)
+    pipe.hgetall(queue.keys.engine(pool, engine.name))
+    pipe.hgetall(queue.keys.engine_usage(pool, engine.name))
     pipe.time()
     fields, usage, (seconds, micros) = pipe.execute()
     policy, use = _texts(fields), _texts(usage)

@@ -14,6 +14,7 @@ from fairqueue.queue import FairQueue
 from scheduler.engines.metrics import EngineMetrics
 from scheduler.engines.supervisor import shared_engine_client
 from scheduler.models import DeviceKind, Engine
+from scheduler.pools.names import engine_pool
 from telemetry.gpus import gpu_key
 from telemetry.live import PREFIX, as_float, live_mapping, live_ttl_s, read_hash
 from telemetry.smoothing import (
@@ -63,8 +64,9 @@ def _engine_gpu(client: redis.Redis, engine: Engine) -> dict[str, float | None]:
     return gpu
 
 
-def _reserved_fraction(queue: FairQueue, engine: str, reserved_bytes: int) -> float | None:
-    budget = int(queue.redis.hget(queue.keys.engine(engine), "kv_budget_bytes") or 0)
+def _reserved_fraction(queue: FairQueue, engine: Engine, reserved_bytes: int) -> float | None:
+    key = queue.keys.engine(engine_pool(engine), engine.name)
+    budget = int(queue.redis.hget(key, "kv_budget_bytes") or 0)
     return reserved_bytes / budget if budget > 0 else None
 
 
@@ -88,7 +90,7 @@ def engine_live_write(
     previous = read_hash(client, key)
     gpu = _engine_gpu(client, engine)
     gpu_utilization = gpu["utilization_smoothed"]
-    reserved_fraction = _reserved_fraction(queue, engine.name, reserved_bytes)
+    reserved_fraction = _reserved_fraction(queue, engine, reserved_bytes)
     kv_usage = metrics.kv_cache_usage if metrics is not None else None
     preemptions = ttft_mean = None
     state: dict[str, float | None] = {}
@@ -159,7 +161,12 @@ def engine_live_write(
     pipe.expire(key, live_ttl_s())
     pipe.execute()
     queue.set_engine_load(
-        engine.name, load.value, load.signal, kv_usage=kv_usage, preempted=preemptions
+        engine_pool(engine),
+        engine.name,
+        load.value,
+        load.signal,
+        kv_usage=kv_usage,
+        preempted=preemptions,
     )
     return reading
 

@@ -148,15 +148,17 @@ def rejection_counts(client: redis.Redis | None = None) -> dict[tuple[str, str, 
     return counts
 
 
-def timeouts_record(queue: FairQueue, job_ids: Iterable[str], *, now: float | None = None) -> int:
+def timeouts_record(
+    queue: FairQueue, pool: str, job_ids: Iterable[str], *, now: float | None = None
+) -> int:
     """Jobs the fair queue expired (they waited past their class's queue timeout, see
     `FairQueue.expire_waiting`) written to the ledger as `timeout` rows, 503 `queue_timeout`,
     with the wait they had. Idempotent: the row's request id is the job id. Returns how many
-    were written. Housekeeping, which expires them, is the caller."""
+    were written. Housekeeping, which expires them in `pool`, is the caller."""
     moment = now if now is not None else time.time()
     records = []
     for job_id in job_ids:
-        job = queue.get_job(job_id)
+        job = queue.get_job(pool, job_id)
         if job is None or not job.payload:
             continue
         request = json.loads(job.payload)

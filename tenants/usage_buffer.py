@@ -1,6 +1,8 @@
-"""Usage ledger writes, batched: workers push finished requests to a Redis list and the
-workers' ticker (`workers.periodic`, every GPUSHARE_USAGE_FLUSH_INTERVAL_S) moves them to the
-database in bulk.
+"""Usage ledger writes, batched: finished requests wait in Redis lists and the workers' ticker
+(`workers.periodic`, every GPUSHARE_USAGE_FLUSH_INTERVAL_S) moves them to the database in
+bulk. A worker's release appends its row to its pool's outbox (`outbox`: of the pool's slot,
+where the release's script runs); a web's own rows go to PENDING_KEY. The flush drains them
+all.
 
 One INSERT of a hundred rows costs about what one row costs on its own, and the request path
 does no database write at all. Rows are idempotent on `request_id`, so a batch written twice
@@ -36,9 +38,11 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
+from django.conf import settings
 from django.db import DataError, connection, transaction
 from django.db.models import Field
 
+from fairqueue.keys import Keys
 from plumbing.redis import redis_client
 from protocol.fields import MAX_USER_CHARS
 from tenants.models import UsageRecord
@@ -57,6 +61,18 @@ def end_user(body: Mapping[str, Any]) -> str:
     a row the column cannot hold out of the batch."""
     user = body.get("user")
     return user[:MAX_USER_CHARS].replace("\x00", "") if isinstance(user, str) else ""
+
+
+def outbox(pool: str) -> str:
+    """The pool's outbox of ledger rows, which its releases append to (`Keys.ledger`)."""
+    return Keys(settings.GPUSHARE_SCHED_KEY_PREFIX).ledger(pool)
+
+
+def pending_keys(client: Any) -> list[str]:
+    """Every list rows wait in: PENDING_KEY, then each pool's outbox."""
+    keys = Keys(settings.GPUSHARE_SCHED_KEY_PREFIX)
+    pools = sorted(p.decode() if isinstance(p, bytes) else p for p in client.smembers(keys.pools()))
+    return [PENDING_KEY, *(keys.ledger(pool) for pool in pools)]
 
 
 def usage_push(fields: dict[str, Any]) -> None:
@@ -158,25 +174,33 @@ def usage_flush(*, max_batches: int = 20) -> int:
     """Moves pending rows to the ledger; returns how many. One flusher at a time (a lock), so
     the trim after an insert removes exactly what was inserted."""
     client = redis_client()
-    # Nothing pending (an idle platform, every second): one round trip, not the lock's three.
-    if not client.exists(PENDING_KEY):
+    # Nothing pending (an idle platform, every second): two round trips, not the lock's three.
+    keys = pending_keys(client)
+    if not client.exists(*keys):
         return 0
     if not client.set(FLUSH_LOCK_KEY, "1", nx=True, ex=60):
         return 0
-    written = 0
+    written, batches = 0, 0
     try:
-        for _ in range(max_batches):
-            raw = client.lrange(PENDING_KEY, 0, FLUSH_BATCH - 1)
-            if not raw:
-                break
-            rows = []
-            for item in raw:
-                try:
-                    rows.append(_values(json.loads(item, parse_constant=_no_constant)))
-                except (ValueError, TypeError, KeyError) as exc:  # must not block the rest
-                    log.error("dropping a malformed usage row %r: %s", item[:200], exc)
-            written += _insert_or_skip(rows)
-            client.ltrim(PENDING_KEY, len(raw), -1)
+        for key in keys:
+            while batches < max_batches:
+                raw = client.lrange(key, 0, FLUSH_BATCH - 1)
+                if not raw:
+                    break
+                batches += 1
+                written += _insert_or_skip(_rows(raw))
+                client.ltrim(key, len(raw), -1)
     finally:
         client.delete(FLUSH_LOCK_KEY)
     return written
+
+
+def _rows(raw: list[Any]) -> list[list[Any]]:
+    """The INSERT's values of the rows read; a malformed one is logged and dropped."""
+    rows = []
+    for item in raw:
+        try:
+            rows.append(_values(json.loads(item, parse_constant=_no_constant)))
+        except (ValueError, TypeError, KeyError) as exc:  # must not block the rest
+            log.error("dropping a malformed usage row %r: %s", item[:200], exc)
+    return rows

@@ -52,7 +52,7 @@ from django.db import connection
 from capacity.units import UNIT_BYTES
 from fairqueue.aio import AsyncFairQueue
 from fairqueue.domain import DispatchLoop, Job
-from fairqueue.inbox import Inbox
+from fairqueue.inbox import Inboxes
 from fairqueue.queue import FairQueue, LastWords
 from plumbing import request_ids, wire
 from plumbing.aio_redis import Arg, AsyncRedis
@@ -71,8 +71,8 @@ from scheduler.models import Engine
 from scheduler.pools.policies import engine_changes, fair_queue
 from telemetry.rejections import UNRESERVED_KEY
 from tenants.limits import Admission, limits_settle
-from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
 from tenants.usage_buffer import end_user
+from tenants.usage_buffer import outbox as usage_outbox
 from workers import run_trace
 from workers.runner import Relay, Run, RunResult, reserved_unit_seconds, run_job
 
@@ -108,7 +108,7 @@ class Dispatcher:
         self._stopping = asyncio.Event()
         self._queue: AsyncFairQueue | None = None
         self._relay: Relay | None = None
-        self._reports: Inbox | None = None
+        self._reports: Inboxes | None = None
         self._adapter_loads: AdapterLoads | None = None
         self._engine_clients: dict[str, AsyncEngineClient] = {}
         self._db = ThreadPoolExecutor(max_workers=4, thread_name_prefix="dispatch-db")
@@ -170,7 +170,7 @@ class Dispatcher:
         self._queue = AsyncFairQueue(queue, client)
         self._relay = Relay(self._queue)
         # What webs report of the streams this process granted them (workers/runner.py).
-        self._reports = Inbox(client, self._queue.keys.inbox(f"worker-{uuid.uuid4().hex}"))
+        self._reports = Inboxes(client, self._queue.keys, f"worker-{uuid.uuid4().hex}")
         self._adapter_loads = AdapterLoads(client, self._adapter_dir)
         self._pickers, self.runs, self._engine_clients = {}, {}, {}
         self._watcher = self._spawn(self._watch())
@@ -386,7 +386,7 @@ class Dispatcher:
         return self._relay
 
     @property
-    def reports(self) -> Inbox:
+    def reports(self) -> Inboxes:
         assert self._reports is not None
         return self._reports
 
@@ -416,7 +416,7 @@ class _Picker:
         summons, as a starting picker does)."""
         self.loop.starting = True
         queue = self.dispatcher.queue
-        wake = queue.keys.loop_wake(self.loop.token)
+        wake = queue.keys.loop_wake(self.pool, self.loop.token)
         commands: list[tuple[Arg, ...]] = [("RPUSH", wake, "1"), ("EXPIRE", wake, 60)]
         self.dispatcher._spawn(queue.redis.pipeline(commands))
 
@@ -557,7 +557,7 @@ def last_words(job: Job, request: dict[str, Any], result: RunResult) -> LastWord
         return LastWords()
     row = wire.dumps(usage_fields(job, request, result))
     return LastWords(
-        event=result.done_event, outbox=USAGE_PENDING_KEY, entry=row,
+        event=result.done_event, outbox=usage_outbox(job.pool), entry=row,
         ttft_s=time_to_first_token(job, request, result),
     )  # fmt: skip
 
@@ -582,7 +582,7 @@ def settle(job: Job, request: dict[str, Any], result: RunResult) -> None:
             log.warning("could not settle limits of job %s", job.job_id, exc_info=True)
     if request.get("batch_id"):  # nobody waits on a batch line: its result goes to its batch
         batch_line_finished(
-            job_id=job.job_id, request=request, response_body=result.response_body,
+            pool=job.pool, job_id=job.job_id, request=request, response_body=result.response_body,
             error_body=result.error_body, status_code=result.status_code,
         )  # fmt: skip
 

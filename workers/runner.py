@@ -38,7 +38,7 @@ from capacity.units import UNIT_BYTES
 from fairqueue.aio import AsyncFairQueue
 from fairqueue.domain import Job
 from fairqueue.growth import Growth
-from fairqueue.inbox import Inbox, chunk_entry, event_entry
+from fairqueue.inbox import Inboxes, chunk_entry, event_entry
 from plumbing import wire
 from scheduler.engines.aio_client import AnswerTooLarge, AsyncEngineClient
 from scheduler.engines.calls import (
@@ -138,7 +138,7 @@ class Relay:
         if run.inbox:
             self._add(job, run.inbox, event_entry(job.job_id, raw))
         else:
-            self._add(job, self._queue.keys.events(job.job_id), raw)
+            self._add(job, self._queue.keys.events(job.pool, job.job_id), raw)
 
     def chunk(self, run: Run, data: bytes, chunk: dict[str, Any]) -> None:
         """A streamed chunk: `data` (its JSON as the client gets it) to the inbox, unparsed."""
@@ -188,7 +188,7 @@ async def run_job(
     client: AsyncEngineClient,
     relay: Relay,
     on_engine_lost: Callable[[], Awaitable[None]] | None = None,
-    reports: Inbox | None = None,
+    reports: Inboxes | None = None,
     before_call: Callable[[], Awaitable[None]] | None = None,
 ) -> RunResult:
     """Runs `run`'s job on `client`'s engine; returns what happened (the ledger's row). The
@@ -205,7 +205,7 @@ async def run_job(
     if reports is not None and (job.answered or grants(run)):
         call = _granted(queue, run, client, relay, reports, result)
     else:
-        growth = Growth(queue, job.job_id, job.attempt, job.covered_tokens)
+        growth = Growth(queue, job.pool, job.job_id, job.attempt, job.covered_tokens)
         call = _call_engine(run, client, relay, result, growth)
     if before_call is not None:
         call = _after(before_call, call)
@@ -279,7 +279,7 @@ async def _granted(
     run: Run,
     client: AsyncEngineClient,
     relay: Relay,
-    reports: Inbox,
+    reports: Inboxes,
     result: RunResult,
 ) -> None:
     """The waiter streams the answer from the engine; this waits for its report and ends as
@@ -288,11 +288,12 @@ async def _granted(
     if job.answered:  # its web answered while the job's first worker was dying
         _apply_report(run, Report.parse(job.answered), result)
         return
-    words = reports.register(job.job_id)
+    inbox = reports.of(job.pool)  # the pool's: the web's answer script appends to it
+    words = inbox.register(job.job_id)
     report = Report()
     try:
         grant = {
-            "event": "grant", "url": client.base_url, "reply": reports.key, "stamp": job.stamp,
+            "event": "grant", "url": client.base_url, "reply": inbox.key, "stamp": job.stamp,
             "covered": job.covered_tokens,  # the web grows the reservation past it (Growth)
             "engine": job.engine_id,  # the web's log lines about the job name it
         }  # fmt: skip
@@ -303,7 +304,7 @@ async def _granted(
                 async with asyncio.timeout(GRANT_SILENCE_S):
                     report = Report.parse(await words.get())
             except TimeoutError:
-                answered = await queue.answered(job.job_id)
+                answered = await queue.answered(job.pool, job.job_id)
                 if not answered:
                     log.warning("job %s: its web went silent; given up", job.job_id)
                     run.stop("waiter_gone")
@@ -317,7 +318,7 @@ async def _granted(
             _count_report(run, report, result)
         raise
     finally:
-        reports.unregister(job.job_id)
+        inbox.unregister(job.job_id)
     _apply_report(run, report, result)
 
 

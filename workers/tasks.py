@@ -42,9 +42,13 @@ def housekeeping() -> dict[str, int | None]:
     idle loop woken, or one summoned)."""
     queue = fair_queue()
     ready = sync_engines_if_changed(queue)  # None: no engine changed, nothing to copy
-    reaped = queue.reap_expired_leases()
-    expired = queue.expire_waiting()
-    timeouts_record(queue, expired)  # their waiters are told; the ledger must know too
+    reaped: list[str] = []
+    expired: list[str] = []
+    for pool in queue.pools():  # a pool's leases and deadlines are in its own slot
+        reaped += queue.reap_expired_leases(pool=pool)
+        timed_out = queue.expire_waiting(pool=pool)
+        timeouts_record(queue, pool, timed_out)  # their waiters are told; the ledger must know
+        expired += timed_out
     kicked = 0
     for pool in queue.pools_with_waiting_work():
         if queue.kick(pool):  # no loop was idle to wake: a message starts one

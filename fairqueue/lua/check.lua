@@ -1,16 +1,16 @@
--- Compare the reserved totals with the in-flight jobs, atomically (nothing moves while it
--- counts). ARGV[4]: '1' to repair (set the totals to what the in-flight jobs hold).
--- Returns JSON: {tenants: {t: [recorded, expected]}, engines: {e: [recorded bytes, expected
--- bytes, recorded inflight, expected inflight]}, problems: [text]}. In flight counts seats
--- (sequences), as `seats` does; the seats standard and offline jobs hold (the seat bounds
--- count them) are checked (and repaired) too.
-local repair = ARGV[4] == '1'
+-- Compare a pool's reserved totals with its in-flight jobs, atomically (nothing moves in the
+-- pool while it counts). ARGV[4]: the pool, ARGV[5]: '1' to repair (set the engines' totals
+-- to what the in-flight jobs hold, and the backlogs to the queues).
+-- Returns JSON: {held: {t: bytes the tenant's in-flight jobs hold of its quota here},
+-- engines: {e: [recorded bytes, expected bytes, recorded inflight, expected inflight]},
+-- problems: [text]}. The tenants' quota in use spans the pools: the caller adds up `held`
+-- over them (FairQueue.check). In flight counts seats (sequences), as `seats` does; the seats
+-- standard and offline jobs hold (the seat bounds count them) are checked (and repaired) too.
+local pool, repair = ARGV[4], ARGV[5] == '1'
 local tenant_bytes, engine_bytes, engine_jobs = {}, {}, {}
 local engine_class = {standard = {}, offline = {}}
 local problems = {}
-
 local function add(t, key, amount) t[key] = (t[key] or 0) + amount end
-
 for _, job_id in ipairs(redis.call('ZRANGE', k_inflight(), 0, -1)) do
   local job = hgetall(k_job(job_id))
   if job.state == 'running' then
@@ -23,23 +23,10 @@ for _, job_id in ipairs(redis.call('ZRANGE', k_inflight(), 0, -1)) do
     if repair then redis.call('ZREM', k_inflight(), job_id) end
   end
 end
-
-local tenants, engines = {}, {}
-for _, t in ipairs(redis.call('SMEMBERS', k_tenants())) do tenants[t] = true end
-for t in pairs(tenant_bytes) do tenants[t] = true end
-for _, e in ipairs(redis.call('SMEMBERS', k_engines())) do engines[e] = true end
+local engines = {}
+for _, e in ipairs(redis.call('SMEMBERS', k_pool_engines(pool))) do engines[e] = true end
 for e in pairs(engine_bytes) do engines[e] = true end
-
-local tenant_report, engine_report = {}, {}
-for t in pairs(tenants) do
-  local recorded = num(redis.call('HGET', k_tenant_use(t), 'reserved'))
-  local expected = tenant_bytes[t] or 0
-  tenant_report[t] = {recorded, expected}
-  if recorded ~= expected then
-    table.insert(problems, string.format('tenant %s: reserved %d bytes, in-flight jobs hold %d', t, recorded, expected))
-    if repair then redis.call('HSET', k_tenant_use(t), 'reserved', int(expected)) end
-  end
-end
+local engine_report = {}
 for e in pairs(engines) do
   local recorded = num(redis.call('HGET', k_engine_use(e), 'reserved'))
   local recorded_jobs = num(redis.call('HGET', k_engine_use(e), 'inflight'))
@@ -62,24 +49,20 @@ for e in pairs(engines) do
     end
   end
 end
-
 -- A tenant is in a backlog exactly when its queue there is non-empty.
-for _, pool in ipairs(redis.call('SMEMBERS', k_pools())) do
-  for _, cls in ipairs(CLASSES) do
-    for _, t in ipairs(redis.call('HKEYS', k_counters(pool, cls))) do
-      local waiting = redis.call('LLEN', k_queue(pool, cls, t)) > 0
-      local backlogged = redis.call('ZSCORE', k_backlog(pool, cls), t) ~= false
-      if waiting ~= backlogged then
-        table.insert(problems, string.format('pool %s class %s tenant %s: queue %s but backlog says %s',
-          pool, cls, t, waiting and 'non-empty' or 'empty', backlogged and 'backlogged' or 'idle'))
-        if repair then
-          if waiting then join_backlog(pool, cls, t) else redis.call('ZREM', k_backlog(pool, cls), t) end
-        end
+for _, cls in ipairs(CLASSES) do
+  for _, t in ipairs(redis.call('HKEYS', k_counters(pool, cls))) do
+    local waiting = redis.call('LLEN', k_queue(pool, cls, t)) > 0
+    local backlogged = redis.call('ZSCORE', k_backlog(pool, cls), t) ~= false
+    if waiting ~= backlogged then
+      table.insert(problems, string.format('pool %s class %s tenant %s: queue %s but backlog says %s',
+        pool, cls, t, waiting and 'non-empty' or 'empty', backlogged and 'backlogged' or 'idle'))
+      if repair then
+        if waiting then join_backlog(pool, cls, t) else redis.call('ZREM', k_backlog(pool, cls), t) end
       end
     end
   end
 end
-
-local report = {tenants = tenant_report, engines = engine_report, problems = problems}
+local report = {held = tenant_bytes, engines = engine_report, problems = problems}
 -- cjson turns an empty table into {}; the Python side reads an empty problems object as none.
 return cjson.encode(report)

@@ -20,13 +20,15 @@ local deadline = NOW + tonumber(ARGV[11])
 if redis.call('EXISTS', k_job(job_id)) == 1 then
   return {'rejected', 'duplicate_job', 'a job with this id already exists'}
 end
-local policy = redis.call('HMGET', k_tenant(tenant), 'quota_bytes', 'burst_bytes')
-if not policy[1] then
-  return {'rejected', 'unknown_tenant', 'the scheduler has no policy for tenant ' .. tenant}
-end
+-- The pool's engines first: a pool gets its copies of the tenants' policies with its first
+-- engine (queue.py set_engine_policy).
 local shape = pool_shape(pool)
 if shape.engines == 0 then
   return {'rejected', 'no_engine', 'no engine serves pool ' .. pool}
+end
+local policy = redis.call('HMGET', k_tenant(tenant), 'quota_bytes', 'burst_bytes')
+if not policy[1] then
+  return {'rejected', 'unknown_tenant', 'the scheduler has no policy for tenant ' .. tenant}
 end
 local largest, predicts = shape.largest, shape.predicts
 local kv_floor, kv_token = tonumber(ARGV[18] or '') or kv_bytes, tonumber(ARGV[19] or '') or 0
@@ -62,7 +64,6 @@ redis.call('HSET', k_job(job_id), 'tenant', tenant, 'pool', pool, 'cls', cls,
   'observed', ARGV[20] or '', 'affinity', ARGV[21] or '')
 if (ARGV[16] or '') ~= '' then redis.call('HSET', k_job(job_id), 'summary', ARGV[16]) end
 redis.call('ZADD', k_waiting(), fmt(deadline), job_id)
-redis.call('SADD', k_pools(), pool)
 queue_job(job_id, pool, cls, tenant, false)
 local loops = ''
 if ARGV[13] ~= '' then loops = summon_loop(pool, tonumber(ARGV[13])) end

@@ -2,20 +2,24 @@
 -- builds it: this file, then one function per script file, each running `begin` on its
 -- arguments and then its file's body). Redis runs the library's top level once, when it is
 -- loaded, and a call only its own function: the helpers below are not made again per call.
--- A call's ARGV[1] is the key prefix, ARGV[2] the current time (seconds; empty: Redis's own
--- clock), ARGV[3] the time to keep a finished job and its event list (seconds). Script
--- arguments start at ARGV[4]. Key names mirror keys.py one for one.
+-- A call's one key, KEYS[1], is its pool's tag prefix (`<prefix>{p:<pool>}:`, keys.py
+-- `Keys.pool_tag`): every key it touches but the tenants' quota in use (k_tenant_use) is of
+-- that slot, and a cluster routes the call by it. ARGV[1] is the key prefix, ARGV[2] the
+-- current time (seconds; empty: Redis's own clock), ARGV[3] the time to keep a finished job
+-- and its event list (seconds). Script arguments start at ARGV[4]. Key names mirror keys.py
+-- one for one.
 --
--- The quota leases' functions (lease_*.lua) are keyed instead: each touches only the keys
--- its call declares, KEYS, all of one hash slot (a tenant's `{t:<t>}` or a pool's `{p:<p>}`),
--- so a cluster routes it by them; `begin_keyed` sets KEYS and ARGV, and their arguments
--- start at ARGV[1].
+-- The quota leases' functions (lease_*.lua) take their keys whole instead: each touches
+-- only the keys its call declares, KEYS, all of one hash slot (a tenant's `{t:<t>}` or a
+-- pool's `{p:<p>}`); `begin_keyed` sets KEYS and ARGV, and their arguments start at ARGV[1].
 --
--- KEYS, ARGV, P, KEEP_S and NOW belong to the call running now: Redis runs one call at a
+-- KEYS, ARGV, P, T, KEEP_S and NOW belong to the call running now: Redis runs one call at a
 -- time, and each call sets them first (`begin`, `begin_keyed`), so no call sees another's.
-local KEYS, ARGV, P, KEEP_S, NOW
+local KEYS, ARGV, P, T, KEEP_S, NOW
 
-local function begin(argv)
+local function begin(keys, argv)
+  KEYS = keys
+  T = keys[1]
   ARGV = argv
   P = argv[1]
   KEEP_S = tonumber(argv[3])
@@ -39,31 +43,34 @@ local CLASSES = {'interactive', 'standard', 'offline'}
 -- tenant back after a pause is predicted from them, not reserved its worst case again.
 local SAMPLES_KEEP_S = 24 * 3600
 
-local function k_job(id) return P .. 'job:' .. id end
-local function k_events(id) return P .. 'job:' .. id .. ':events' end
-local function k_queue(pool, cls, tenant) return P .. 'q:' .. pool .. ':' .. cls .. ':' .. tenant end
-local function k_backlog(pool, cls) return P .. 'backlog:' .. pool .. ':' .. cls end
-local function k_counters(pool, cls) return P .. 'vtc:' .. pool .. ':' .. cls end
-local function k_seated(pool, cls) return P .. 'vtcseated:' .. pool .. ':' .. cls end
-local function k_clock(pool) return P .. 'cvt:' .. pool end
-local function k_tenant(t) return P .. 'tenant:' .. t end
+-- Every key of a pool's decisions carries the pool's hash tag, `{p:<pool>}`: T (the call's
+-- KEYS[1], `<prefix>{p:<pool>}:`) starts them all, so a call touches one slot. The keys that
+-- name a pool build the same prefix from it (the call's pool, whose tag T is).
+local function tag(pool) return P .. '{p:' .. pool .. '}:' end
+local function k_job(id) return T .. 'job:' .. id end
+local function k_events(id) return T .. 'job:' .. id .. ':events' end
+local function k_queue(pool, cls, tenant) return tag(pool) .. 'q:' .. cls .. ':' .. tenant end
+local function k_backlog(pool, cls) return tag(pool) .. 'backlog:' .. cls end
+local function k_counters(pool, cls) return tag(pool) .. 'vtc:' .. cls end
+local function k_seated(pool, cls) return tag(pool) .. 'vtcseated:' .. cls end
+local function k_clock(pool) return tag(pool) .. 'cvt' end
+local function k_tenant(t) return T .. 'tenant:' .. t end
+-- The tenant's quota in use, shared by the pools: the one key of another slot a call touches
+-- (the pick, the release, the grow, and what frees a running job).
 local function k_tenant_use(t) return P .. 'tenant:' .. t .. ':use' end
-local function k_tenants() return P .. 'tenants' end
-local function k_engine(e) return P .. 'engine:' .. e end
-local function k_engine_use(e) return P .. 'engine:' .. e .. ':use' end
-local function k_engine_ttfts(e, cls) return P .. 'engine:' .. e .. ':ttft:' .. cls end
-local function k_out_lens(pool, t) return P .. 'outlen:' .. pool .. ':' .. t end
-local function k_out_pred(pool) return P .. 'pool:' .. pool .. ':outpred' end
-local function k_engines() return P .. 'engines' end
-local function k_pool_engines(pool) return P .. 'pool:' .. pool .. ':engines' end
-local function k_pool_shape(pool) return P .. 'pool:' .. pool .. ':shape' end
-local function k_affinity(pool) return P .. 'pool:' .. pool .. ':affinity' end
-local function k_pools() return P .. 'pools' end
-local function k_inflight() return P .. 'inflight' end
-local function k_waiting() return P .. 'waiting' end
-local function k_idle_loops(pool) return P .. 'loops:' .. pool .. ':idle' end
-local function k_loop_summoned(pool) return P .. 'loops:' .. pool .. ':summoned' end
-local function k_loop_wake(token) return P .. 'loop:' .. token .. ':wake' end
+local function k_engine(e) return T .. 'engine:' .. e end
+local function k_engine_use(e) return T .. 'engine:' .. e .. ':use' end
+local function k_engine_ttfts(e, cls) return T .. 'engine:' .. e .. ':ttft:' .. cls end
+local function k_out_lens(pool, t) return tag(pool) .. 'outlen:' .. t end
+local function k_out_pred(pool) return tag(pool) .. 'outpred' end
+local function k_pool_engines(pool) return tag(pool) .. 'engines' end
+local function k_pool_shape(pool) return tag(pool) .. 'shape' end
+local function k_affinity(pool) return tag(pool) .. 'affinity' end
+local function k_inflight() return T .. 'inflight' end
+local function k_waiting() return T .. 'waiting' end
+local function k_idle_loops(pool) return tag(pool) .. 'loops:idle' end
+local function k_loop_summoned(pool) return tag(pool) .. 'loops:summoned' end
+local function k_loop_wake(token) return T .. 'loop:' .. token .. ':wake' end
 
 -- A missing hash field comes back as false.
 local function num(v)
@@ -101,9 +108,10 @@ local function emit(job_id, event)
 end
 
 -- A run's last words, told in the step that releases it (a round trip each, saved): its
--- final event for the waiter (JSON, '' = none) and an entry for an outbox list ('' = none:
--- the usage ledger's pending rows). Told whether or not the release is a no-op: the waiter
--- and the ledger hear a run's end as they would if the worker told them in a step of its own.
+-- final event for the waiter (JSON, '' = none) and an entry for an outbox list of the
+-- pool's slot (the usage ledger's, `{p:<pool>}:ledger`; '' = none). Told whether or not the
+-- release is a no-op: the waiter and the ledger hear a run's end as they would if the worker
+-- told them in a step of its own.
 local function tell_last_words(job_id, event, outbox, entry)
   if event ~= '' then emit_raw(job_id, event) end
   if entry ~= '' then redis.call('RPUSH', outbox, entry) end
@@ -514,7 +522,7 @@ end
 
 -- Prefix-cache affinity (docs/DISPATCH.md, Prefix-cache affinity). A job's `affinity` key
 -- names whose prefixes it shares (its tenant's, or its cache group's: the engines' prefix
--- cache is salted by the same scope), and `pool:{pool}:affinity` maps each key to the engine
+-- cache is salted by the same scope), and `{p:<pool>}:affinity` maps each key to the engine
 -- that ran its latest job: the one whose cache most likely holds the prefix. The fair order
 -- chooses which job runs (pick_on, as without affinity); affinity chooses only where: a job
 -- chosen for one engine runs on the engine that holds its prefix while that one can run it
@@ -582,7 +590,10 @@ local AFFINITY_SCAN = 8
 -- `engine` and `usage` are the engine's hashes when the caller has read them already.
 local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
   engine = engine or hgetall(k_engine(engine_id))
-  if not engine.pool then return nil, redis.error_reply('unknown engine ' .. engine_id) end
+  -- An engine's hash is in its pool's slot: one of another pool, or none, is not found here.
+  if not engine.pool then
+    return nil, redis.error_reply('engine ' .. engine_id .. ' does not serve pool ' .. pool)
+  end
   if engine.pool ~= pool then
     return nil, redis.error_reply('engine ' .. engine_id .. ' serves pool ' .. engine.pool ..
       ', not ' .. pool)
@@ -817,8 +828,9 @@ end
 
 -- Dispatch loops (workers/dispatch.py): a loop that finds nothing to run waits a while for
 -- a wake-up instead of ending, so new work reaches a worker without a Celery message.
--- `loops:{pool}:idle` holds the waiting loops, scored by when they stop waiting (a loop that
--- died waiting is forgotten then); waking one pushes to its own `loop:{token}:wake` list.
+-- `{p:<pool>}:loops:idle` holds the waiting loops, scored by when they stop waiting (a loop
+-- that died waiting is forgotten then); waking one pushes to its own wake-up list,
+-- `{p:<pool>}:loop:<token>:wake`.
 
 -- Wakes the loop that went idle last (the others time out and end: as many loops keep
 -- waiting as the traffic needs). Returns whether there was one.

@@ -231,12 +231,14 @@ def _has_unfinished(batch: Batch) -> bool:
 def _audit_queued(batch: Batch, queue: FairQueue, now: datetime) -> tuple[int, list[BatchLine]]:
     """Looks up each queued line's job in Redis: returns how many are really in flight and
     the lines that are lost (their job is gone, or ended without a result past the grace)."""
-    lines = list(batch.lines.filter(state=LineState.QUEUED).only("pk", "job_id", "lost_seen_at"))
+    lines = list(
+        batch.lines.filter(state=LineState.QUEUED).only("pk", "job_id", "job_pool", "lost_seen_at")
+    )
     if not lines:
         return 0, []
     pipe = queue.redis.pipeline()
     for line in lines:
-        pipe.hget(queue.keys.job(line.job_id), "state")
+        pipe.hget(queue.keys.job(line.job_pool, line.job_id), "state")
     states = pipe.execute()
     grace = timedelta(seconds=settings.GPUSHARE_BATCH_LOST_GRACE_S)
     live, lost = 0, []
@@ -263,7 +265,7 @@ def _recover_answer(queue: FairQueue, line: BatchLine) -> bool:
     """Writes the answer of a line whose job ended but whose answer never reached the
     database (its worker died, or lost the database, right after the run): the job's events
     still hold it, so the line is not run a second time. False when they do not."""
-    for event in reversed(queue.events(line.job_id)):
+    for event in reversed(queue.events(line.job_pool, line.job_id)):
         if event.get("event") == "done":
             fields = _answer_fields(line.job_id, event.get("body"), None, 200)
         elif event.get("event") == "error":
@@ -338,7 +340,9 @@ class _Feeder:
         """Marks the lines handed to the queue, in one statement. Their rows are locked by
         this transaction, so a worker that finishes one first waits for the commit."""
         BatchLine.objects.bulk_update(
-            self.fed, ["state", "job_id", "runs", "fed_at", "lost_seen_at"], batch_size=500
+            self.fed,
+            ["state", "job_id", "job_pool", "runs", "fed_at", "lost_seen_at"],
+            batch_size=500,
         )
         self.fed.clear()
 
@@ -452,6 +456,7 @@ class _Feeder:
                 return True
         spans.end(span)
         line.state, line.job_id, line.runs = LineState.QUEUED, job_id, line.runs + 1
+        line.job_pool = route.pool
         line.fed_at, line.lost_seen_at = self.now, None
         self.fed.append(line)
         # One summons per pool: the picker it starts runs as many lines as the queue admits.
@@ -519,13 +524,14 @@ def stop_queued_lines(batch: Batch, queue: FairQueue, now: datetime) -> None:
     reason = batch.stop_reason
     _, lost = _audit_queued(batch, queue, now)
     lost_ids = {line.pk for line in lost}
-    for line in batch.lines.filter(state=LineState.QUEUED).only("pk", "job_id"):
+    for line in batch.lines.filter(state=LineState.QUEUED).only("pk", "job_id", "job_pool"):
         if line.pk not in lost_ids:
-            job = queue.get_job(line.job_id)
+            job = queue.get_job(line.job_pool, line.job_id)
             if job is None or job.state != JobState.QUEUED:
                 continue
             # Atomic in Redis: if it was picked meanwhile, it is running and will answer.
-            if queue.cancel(line.job_id, reason=f"batch_{reason}") != JobState.QUEUED:
+            cancelled = queue.cancel(line.job_pool, line.job_id, reason=f"batch_{reason}")
+            if cancelled != JobState.QUEUED:
                 continue
         BatchLine.objects.filter(pk=line.pk, state=LineState.QUEUED, job_id=line.job_id).update(
             state=STOP_LINE_STATE[BatchStop(reason)], error=stop_error(reason), finished_at=now
@@ -580,6 +586,7 @@ def _write_results(batch: Batch, lines: QuerySet[BatchLine], kind: str) -> Any:
 
 def batch_line_finished(
     *,
+    pool: str,
     job_id: str,
     request: dict[str, Any],
     response_body: dict[str, Any] | None,
@@ -612,7 +619,7 @@ def batch_line_finished(
         # rather than running the line again.
         return False
     try:
-        fair_queue().forget_events(job_id)  # stored in the database now; nobody reads them
+        fair_queue().forget_events(pool, job_id)  # stored in the database now; nobody reads them
         _feed_soon(int(request["batch_pk"]))
     except Exception:  # the ticker's next feed tops the window up instead
         log.exception("batch %s: feeding after line %s failed", request["batch_pk"], job_id)

@@ -31,7 +31,7 @@ from scheduler.engines.launch import EngineLaunch, build_launch
 from scheduler.engines.vllm_env import VllmEnvMissing, find_vllm_python
 from scheduler.gpu_inventory import node_name
 from scheduler.models import LIVE_STATUSES, DeviceKind, Engine, EngineStatus, EngineTask
-from scheduler.pools.policies import fair_queue, sync_engine
+from scheduler.pools.policies import engine_pool, fair_queue, sync_engine
 from scheduler.selectors import engine_get
 from scheduler.services import engine_check_room_to_start, engine_set_status
 
@@ -544,7 +544,8 @@ def _picked_for(engine: Engine) -> int:
     before the drain may not have reached the engine yet."""
     try:
         queue = fair_queue()
-        return int(queue.redis.hget(queue.keys.engine_usage(engine.name), "inflight") or 0)
+        usage = queue.keys.engine_usage(engine_pool(engine), engine.name)
+        return int(queue.redis.hget(usage, "inflight") or 0)
     except redis.RedisError:
         return 0
 

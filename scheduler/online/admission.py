@@ -34,7 +34,7 @@ from billing.stops import money_admit
 from capacity.kvcost import kv_cost_of
 from fairqueue.aio import AsyncFairQueue
 from fairqueue.domain import Job, JobRejected, JobState, payload_summary
-from fairqueue.inbox import Inbox, parse_event
+from fairqueue.inbox import Inboxes, parse_event
 from fairqueue.queue import FairQueue
 from plumbing import request_ids, wire
 from plumbing.aio_redis import AsyncRedis
@@ -244,7 +244,7 @@ class _LoopState(NamedTuple):
     http: httpx.AsyncClient
     redis: AsyncRedis  # every command the loop sends
     queue: AsyncFairQueue  # the fair queue's scripts, over `redis`
-    inbox: Inbox  # the events of every job the loop waits on
+    inboxes: Inboxes  # the events of every job the loop waits on, an inbox per pool
 
 
 # Keyed by the loop itself (weakly).
@@ -273,8 +273,9 @@ def _loop_state() -> _LoopState:
     state = _loop_clients.get(loop)
     if state is None:
         http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=64))
-        # Waiting requests hold no connection (the inbox reads for all of them): the pool is
-        # for the commands in flight (admissions' scripts, cancels, the inbox's read).
+        # Waiting requests hold no connection (a pool's inbox reads for all of its jobs): the
+        # pool is for the commands in flight (admissions' scripts, cancels, one inbox's read
+        # per pool waited on).
         client = AsyncRedis(
             settings.REDIS_URL,
             sentinels=sentinels(),
@@ -282,8 +283,8 @@ def _loop_state() -> _LoopState:
             read_timeout_s=EVENTS_READ_TIMEOUT_S,
         )
         queue = AsyncFairQueue(fair_queue(), client)
-        inbox = Inbox(client, queue.keys.inbox(inbox_name()))
-        state = _loop_clients[loop] = _LoopState(http, client, queue, inbox)
+        inboxes = Inboxes(client, queue.keys, inbox_name())
+        state = _loop_clients[loop] = _LoopState(http, client, queue, inboxes)
     return state
 
 
@@ -407,8 +408,9 @@ async def _enqueue(
     state = _loop_state()
     # The request's own id where the web gave it one: its X-Request-Id and its log lines' id.
     job_id = request_ids.current() or uuid.uuid4().hex
+    inbox = state.inboxes.of(route.pool)
     payload = {
-        "inbox": state.inbox.key,
+        "inbox": inbox.key,
         "endpoint": request.endpoint,
         "body": body,
         "stream": request.stream,
@@ -446,12 +448,12 @@ async def _enqueue(
         "observed": request.stream,
         "payload": wire.dumps(payload),
         "job_id": job_id,
-        "inbox": state.inbox.key,
+        "inbox": inbox.key,
         "max_waiting": settings.GPUSHARE_TENANT_MAX_WAITING,
         "summary": payload_summary(payload),
         "affinity": affinity_key(api_key.tenant_id, tenant.cache_group, str(payload["adapter"])),
     }
-    events = state.inbox.register(job_id)  # before the job can say anything
+    events = inbox.register(job_id)  # before the job can say anything
     # A task of its own, shielded: a client that leaves meanwhile does not cut the script's
     # call short, which would leave a job queued that nobody waits for (a task and a shield:
     # about 5 us of CPU under uvloop).
@@ -459,16 +461,16 @@ async def _enqueue(
     try:
         job, summon = await asyncio.shield(queuing)
     except asyncio.CancelledError:
-        state.inbox.unregister(job_id)
+        inbox.unregister(job_id)
         spans.end(wait, error="cancelled")
         _keep(f"the cancel of job {job_id}", asyncio.ensure_future(_cancel_once_queued(queuing)))
         raise
     except JobRejected as exc:
-        state.inbox.unregister(job_id)
+        inbox.unregister(job_id)
         spans.end(wait, error=exc.message)
         raise _rejection(exc) from None
     except BaseException as exc:
-        state.inbox.unregister(job_id)
+        inbox.unregister(job_id)
         spans.end(wait, error=repr(exc))
         raise
     if summon:  # no picker was waiting for work: summon one
@@ -499,7 +501,7 @@ async def _cancel_once_queued(queuing: asyncio.Future[tuple[Job, bool]]) -> None
         job, _ = await queuing
     except JobRejected:  # nothing was queued
         return
-    await _loop_state().queue.cancel(job.job_id, reason="client_gone")
+    await _loop_state().queue.cancel(job.pool, job.job_id, reason="client_gone")
 
 
 def _sync_policy(api_key: ApiKey, queue: FairQueue) -> None:
@@ -727,7 +729,7 @@ async def follow(
                 trace.saw(event)
             yield event
     finally:
-        _loop_state().inbox.unregister(admitted.job.job_id)
+        _loop_state().inboxes.of(admitted.job.pool).unregister(admitted.job.job_id)
         if trace is not None:
             trace.close()
 
@@ -735,7 +737,8 @@ async def follow(
 async def _follow(
     admitted: Admitted, client_gone: asyncio.Event | None
 ) -> AsyncIterator[dict[str, Any]]:
-    events = admitted.events or _loop_state().inbox.register(admitted.job.job_id)
+    job = admitted.job
+    events = admitted.events or _loop_state().inboxes.of(job.pool).register(job.job_id)
     requeues = 0
     running = False  # its current run has spoken, or the queue said it runs
     deadline = admitted.job.deadline  # a requeue gives the job a fresh one
@@ -766,7 +769,7 @@ async def _follow(
                 admitted.trace.saw(event)
             request_ids.bind(engine=event.get("engine"))  # its log lines name it from here on
             stream = GrantedStream(
-                _loop_state().queue, admitted.job.job_id, admitted.job.request_class,
+                _loop_state().queue, job.pool, job.job_id, job.request_class,
                 admitted.call, event, events,
                 admitted.trace.engine_parent() if admitted.trace is not None else None,
             )  # fmt: skip
@@ -830,12 +833,12 @@ async def _check_still_coming(
     and whether the job runs: one past its deadline that the queue says runs has not spoken
     yet (an answer that is not streamed speaks once, at its end). A job Redis no longer holds
     (a failover lost it) will say nothing more: that is a 503."""
-    job_id, queue = admitted.job.job_id, _loop_state().queue
+    pool, job_id, queue = admitted.job.pool, admitted.job.job_id, _loop_state().queue
     now = time.time()
-    if silent_s >= EVENTS_WAIT_S and not await queue.job_exists(job_id):
+    if silent_s >= EVENTS_WAIT_S and not await queue.job_exists(pool, job_id):
         raise _lost()
     if not running and now > deadline + 1.0:
-        job = await queue.get_job(job_id)
+        job = await queue.get_job(pool, job_id)
         if job is None:
             raise _lost()
         if job is not None and job.state == JobState.RUNNING:
@@ -843,11 +846,11 @@ async def _check_still_coming(
         if job is not None and job.state == JobState.QUEUED:
             if now <= job.deadline + 1.0:
                 return job.deadline, False
-            await queue.cancel(job_id, reason="queue_timeout")
+            await queue.cancel(pool, job_id, reason="queue_timeout")
             raise _queue_timeout(admitted)
     generate_s = float(settings.GPUSHARE_ENGINE_GENERATE_TIMEOUT_S)
     if running and silent_s > generate_s:
-        await queue.cancel(job_id, reason="engine_silent")
+        await queue.cancel(pool, job_id, reason="engine_silent")
         raise Unavailable("The engine stopped answering this request; please retry.")
     return deadline, running
 
@@ -893,7 +896,7 @@ def cancel(admitted: Admitted, reason: str) -> None:
     error is logged), and this returns at once."""
     job_id = admitted.job.job_id
     try:
-        cancelling = _loop_state().queue.cancel(job_id, reason=reason)
+        cancelling = _loop_state().queue.cancel(admitted.job.pool, job_id, reason=reason)
         _keep(f"the cancel of job {job_id}", asyncio.ensure_future(cancelling))
     except Exception:
         log.warning("could not cancel job %s", job_id, exc_info=True)

@@ -145,6 +145,7 @@ class GrantedStream:
     def __init__(
         self,
         queue: AsyncFairQueue,
+        pool: str,
         job_id: str,
         request_class: str,
         call: dict[str, Any],
@@ -154,7 +155,7 @@ class GrantedStream:
     ) -> None:
         """`trace_parent`: the context the engine call's span goes under, where tracing is
         on (the request's answer span)."""
-        self.queue, self.job_id, self.call = queue, job_id, call
+        self.queue, self.pool, self.job_id, self.call = queue, pool, job_id, call
         self.trace_parent = trace_parent
         self.span: Any = None
         self.request_class = request_class
@@ -169,7 +170,9 @@ class GrantedStream:
         self._cached = 0
         self._first_token_at: float | None = None
         covered = grant.get("covered")
-        self.growth = Growth(queue, job_id, self.attempt, -1 if covered is None else int(covered))
+        self.growth = Growth(
+            queue, pool, job_id, self.attempt, -1 if covered is None else int(covered)
+        )
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         report = Report()
@@ -270,7 +273,9 @@ class GrantedStream:
         while True:
             await asyncio.sleep(ALIVE_S)
             with contextlib.suppress(Exception):  # a missed word only shortens the patience
-                await self.queue.answer(self.job_id, ALIVE.dumps(), self._reply(), keep=False)
+                await self.queue.answer(
+                    self.pool, self.job_id, ALIVE.dumps(), self._reply(), keep=False
+                )
 
     def _reply(self) -> str:
         """The inbox of the worker that granted the job last: a newer run (its first worker
@@ -301,7 +306,9 @@ class GrantedStream:
         while True:
             whole = report.outcome == "success"
             try:
-                await self.queue.answer(self.job_id, report.dumps(), self._reply(), keep=whole)
+                await self.queue.answer(
+                    self.pool, self.job_id, report.dumps(), self._reply(), keep=whole
+                )
                 return
             except Exception as exc:
                 if time.monotonic() >= ends:

@@ -34,6 +34,7 @@ from plumbing.redis import redis_client
 from scheduler.adapters.loading import forget_engine
 from scheduler.adapters.selectors import engine_adapter_slot_units, tenant_adapter_units
 from scheduler.models import Engine, EngineStatus
+from scheduler.pools.names import engine_pool
 from scheduler.reservation.modes import pool_reservation
 from scheduler.seats.bounds import controller_settings, pool_bounds
 from scheduler.selectors import engine_ready_for_tenant, tenant_dedicated_units
@@ -52,17 +53,6 @@ def _fair_queue_for(url: str) -> FairQueue:
 def fair_queue() -> FairQueue:
     """The process's fair queue client (scripts registered once)."""
     return _fair_queue_for(settings.REDIS_URL)
-
-
-def pool_id(served_model_name: str, dedicated_tenant: str | None = None) -> str:
-    # Redis key parts may not hold ':' (the fair queue's separator); model names may.
-    base = served_model_name.replace(":", "_").replace(" ", "_")
-    return f"{base}@{dedicated_tenant}" if dedicated_tenant else base
-
-
-def engine_pool(engine: Engine) -> str:
-    tenant = engine.dedicated_tenant.slug if engine.dedicated_tenant else None
-    return pool_id(engine.served_model_name, tenant)
 
 
 @cache
@@ -102,8 +92,8 @@ def sync_engine(engine: Engine, queue: FairQueue | None = None) -> None:
         if engine.max_loras:
             forget_engine(queue.redis, engine.name)  # what it had loaded is gone with it
         return
-    load = queue.redis.hget(queue.keys.engine(engine.name), "load")
     pool = engine_pool(engine)
+    load = queue.redis.hget(queue.keys.engine(pool, engine.name), "load")
     bounds = pool_bounds(pool)
     reservation = pool_reservation(pool)
     queue.set_engine_policy(

@@ -29,7 +29,8 @@ from scheduler.models import (
     ScalingAction,
     ScalingDecision,
 )
-from scheduler.pools.policies import fair_queue, pool_id, sync_engine
+from scheduler.pools.names import pool_id
+from scheduler.pools.policies import fair_queue, sync_engine
 from scheduler.pools.scaling import (
     Decision,
     EngineView,

@@ -147,7 +147,7 @@ def waiting_request(job_id: str) -> online.Admitted:
     from scheduler.pools.policies import fair_queue
 
     queue = fair_queue()
-    queue.redis.hset(queue.keys.job(job_id), "inbox", queue.keys.inbox(TEST_INBOX))
+    queue.redis.hset(queue.keys.job("p", job_id), "inbox", queue.keys.inbox("p", TEST_INBOX))
 
     job = Job(job_id=job_id, tenant="t", pool="p", request_class="standard", prompt_tokens=1,
               max_tokens=1, kv_bytes=1, deadline=9e9)  # fmt: skip
@@ -166,7 +166,7 @@ def test_a_waiter_whose_client_left_stops_at_its_next_event_even_if_not_cancelle
     admitted = waiting_request("j1")
     queue = fair_queue()
     for _ in range(3):
-        queue.publish("j1", {"event": "chunk", "attempt": 1, "data": {}})
+        queue.publish("p", "j1", {"event": "chunk", "attempt": 1, "data": {}})
 
     seen: list[str] = []
 
@@ -192,8 +192,8 @@ def test_a_client_read_timeout_while_waiting_for_events_is_no_news_not_an_error(
     settings.REDIS_URL = f"{settings.REDIS_URL}?socket_timeout=0.1"
     admitted = waiting_request("j2")
     queue = fair_queue()
-    queue.publish("j2", {"event": "chunk", "attempt": 1, "data": {}})
-    later = threading.Timer(0.5, queue.publish, ("j2", {"event": "done", "attempt": 1}))
+    queue.publish("p", "j2", {"event": "chunk", "attempt": 1, "data": {}})
+    later = threading.Timer(0.5, queue.publish, ("p", "j2", {"event": "done", "attempt": 1}))
 
     async def relay() -> list[str]:
         later.start()
@@ -217,8 +217,8 @@ def test_an_event_that_arrives_while_the_web_is_stalled_past_5_s_is_not_lost(red
 
     admitted = waiting_request("j3")
     queue = fair_queue()
-    queue.publish("j3", {"event": "chunk", "attempt": 1, "data": {}})
-    answer = threading.Timer(0.3, queue.publish, ("j3", {"event": "done", "attempt": 1}))
+    queue.publish("p", "j3", {"event": "chunk", "attempt": 1, "data": {}})
+    answer = threading.Timer(0.3, queue.publish, ("p", "j3", {"event": "done", "attempt": 1}))
 
     async def relay() -> list[str]:
         seen = []
@@ -267,7 +267,7 @@ def test_a_queued_waiter_is_timed_out_at_its_deadline_not_at_the_end_of_a_long_w
     # Its queue deadline half a second away, in the queue as in the waiter's copy (no
     # housekeeping runs here to expire it).
     deadline = time.time() + 0.5
-    redis_db.hset(queue.keys.job("j5"), "deadline", repr(deadline))
+    redis_db.hset(queue.keys.job("p", "j5"), "deadline", repr(deadline))
     admitted = replace(waiting_request("j5"), job=replace(job, deadline=deadline))
 
     async def relay() -> list[str]:
@@ -276,7 +276,7 @@ def test_a_queued_waiter_is_timed_out_at_its_deadline_not_at_the_end_of_a_long_w
     with pytest.raises(online.QueueTimeout):
         asyncio.run(relay())
     assert time.time() - deadline < 3.0
-    cancelled = queue.get_job("j5")
+    cancelled = queue.get_job("p", "j5")
     assert cancelled is not None
     assert cancelled.state == "cancelled"
 
@@ -299,7 +299,7 @@ def test_a_requeued_job_is_held_to_its_fresh_deadline_not_to_the_first_one(redis
     admitted = replace(waiting_request("j6"), job=replace(job, deadline=time.time() - 60))
 
     def answer() -> None:
-        queue.publish("j6", {"event": "done", "attempt": 1})
+        queue.publish("p", "j6", {"event": "done", "attempt": 1})
 
     later = threading.Timer(2.5, answer)
 
@@ -311,7 +311,7 @@ def test_a_requeued_job_is_held_to_its_fresh_deadline_not_to_the_first_one(redis
         assert asyncio.run(asyncio.wait_for(relay(), timeout=10)) == ["done"]
     finally:
         later.cancel()
-    still = queue.get_job("j6")
+    still = queue.get_job("p", "j6")
     assert still is not None
     assert still.state == "queued"  # not cancelled by the waiter
 
@@ -332,7 +332,7 @@ def test_a_requeued_runs_leftovers_are_skipped_by_their_attempt(redis_db):
         {"event": "done", "attempt": 2},
     ]
     for event in events:
-        queue.publish("j7", event)
+        queue.publish("p", "j7", event)
 
     async def relay() -> list[tuple[str, int | None]]:
         return [(e["event"], e.get("attempt")) async for e in online.follow(admitted)]
@@ -373,7 +373,7 @@ def test_a_waiter_whose_job_redis_lost_ends_with_a_503_not_a_hang(redis_db):
 
     admitted = waiting_request("j11")
     gone = replace(waiting_request("j12"), job=replace(admitted.job, job_id="j12"))
-    redis_db.delete("gs:fq:job:j12")
+    redis_db.delete("gs:fq:{p:p}:job:j12")
 
     def still_coming(which: online.Admitted, running: bool, deadline: float, silent_s: float):
         return asyncio.run(online._check_still_coming(which, running, deadline, silent_s))
@@ -428,7 +428,7 @@ def test_a_waiter_cancelled_while_it_waits_cancels_its_job_in_a_task_of_its_own(
         await online.background_done()
 
     asyncio.run(leave())
-    job = fair_queue().get_job("j9")
+    job = fair_queue().get_job("p", "j9")
     assert job is not None
     assert job.state == "cancelled"
     assert job.reason == "client_gone"
@@ -441,8 +441,8 @@ def test_a_stream_broken_after_chunks_ends_with_an_error_its_row_written_in_a_th
 
     admitted = queued_job("j10")
     queue = fair_queue()
-    queue.publish("j10", {"event": "chunk", "attempt": 1, "data": {"choices": [{"index": 0}]}})
-    queue.publish("j10", {"event": "requeued", "reason": "engine_unavailable"})
+    queue.publish("p", "j10", {"event": "chunk", "attempt": 1, "data": {"choices": [{"index": 0}]}})
+    queue.publish("p", "j10", {"event": "requeued", "reason": "engine_unavailable"})
 
     async def relay() -> list[bytes]:
         chunks = [chunk async for chunk in openai_api._sse(admitted, asyncio.Event())]
@@ -452,7 +452,7 @@ def test_a_stream_broken_after_chunks_ends_with_an_error_its_row_written_in_a_th
     chunks = asyncio.run(relay())
     assert len(chunks) == 3  # the chunk, the error, [DONE]
     assert b"engine was lost" in chunks[1]
-    job = queue.get_job("j10")
+    job = queue.get_job("p", "j10")
     assert job is not None
     assert job.state == "cancelled"
     rows = redis_db.lrange(PENDING_KEY, 0, -1)
@@ -553,14 +553,14 @@ def answer_the_first_queued_job(answer: dict) -> threading.Thread:
     """A worker's stand-in: the first job queued for the ready engine's tenant is answered
     `done` with `answer` as its body (nothing runs it here)."""
     from scheduler.pools.policies import fair_queue
-    from tests.scheduler.online.test_admission import queued_ids
+    from tests.scheduler.online.test_admission import MODEL, queued_ids
 
     def answering() -> None:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             ids = queued_ids()
             if ids:
-                fair_queue().publish(ids[0], {"event": "done", "attempt": 1, "body": answer})
+                fair_queue().publish(MODEL, ids[0], {"event": "done", "attempt": 1, "body": answer})
                 return
             time.sleep(0.02)
 
@@ -587,7 +587,7 @@ def test_answers_and_the_429_carry_the_tenant_s_rate_limits_as_openai_sends_them
     answered = asgi_request("POST", CHAT, json=body, headers=headers)
     answering.join()
     assert answered.status_code == 200
-    job = fair_queue().get_job(answered.headers["x-request-id"])
+    job = fair_queue().get_job(MODEL, answered.headers["x-request-id"])
     assert job is not None
     assert {k: v for k, v in answered.headers.items() if k.startswith("x-ratelimit-")} == {
         "x-ratelimit-limit-requests": "1", "x-ratelimit-remaining-requests": "0",
@@ -856,7 +856,7 @@ def relayed(job_id: str, entries: list[tuple[int | None, dict | None]]) -> list[
 
     admitted = queued_job(job_id)
     queue = fair_queue()
-    inbox = queue.keys.inbox(TEST_INBOX)  # the web's, which its loop reads
+    inbox = queue.keys.inbox("p", TEST_INBOX)  # the web's, which its loop reads
     for seq, event in entries:
         if event is None:
             assert seq is not None
@@ -887,7 +887,7 @@ def test_a_stream_that_lost_a_relayed_chunk_ends_with_an_error_and_stops_its_run
     assert got[0] == b'data: {"seq": 1}\n\n'
     assert b"Part of the stream was lost" in got[1]
     assert got[2:] == [b"data: [DONE]\n\n"]
-    job = fair_queue().get_job("j12")
+    job = fair_queue().get_job("p", "j12")
     assert job is not None
     assert job.state == "cancelled"
 

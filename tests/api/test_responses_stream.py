@@ -114,7 +114,7 @@ def test_a_relayed_stream_passes_each_event_on_and_charges_its_usage(cut: bool) 
     frames = STREAM[:-1] if cut else STREAM
     engine, relay = Engine(frames), Relay()
     result = runner.RunResult(outcome="success")
-    growth = runner.Growth(None, "j1", 1, -1)  # type: ignore[arg-type]  # never grows
+    growth = runner.Growth(None, "p", "j1", 1, -1)  # type: ignore[arg-type]  # never grows
     calling = runner._call_engine(run_of(call()), engine, relay, result, growth)  # type: ignore[arg-type]
     if cut:
         with pytest.raises(EngineUnavailable, match="before its last event"):
@@ -135,7 +135,7 @@ GRANT = {"attempt": 1, "url": "http://engine", "reply": "inbox"}
 async def granted_events(queue: Queue) -> list[dict[str, Any]]:
     words: asyncio.Queue[bytes] = asyncio.Queue()
     aq: Any = queue
-    stream = granted.GrantedStream(aq, "j1", "standard", call(), GRANT, words)
+    stream = granted.GrantedStream(aq, "p", "j1", "standard", call(), GRANT, words)
     return [event async for event in stream.events()]
 
 
@@ -143,7 +143,7 @@ class Queue:
     def __init__(self) -> None:
         self.answers: list[str] = []
 
-    async def answer(self, job_id: str, report: str, reply: str, *, keep: bool) -> None:
+    async def answer(self, pool: str, job_id: str, report: str, reply: str, *, keep: bool) -> None:
         self.answers.append(report)
 
 

@@ -35,7 +35,7 @@ def run_answers(count: int, tokens: int) -> None:
         picked = queue.pick("llama", "llama-a")
         assert picked is not None
         assert picked.job_id == job.job_id
-        assert queue.release(job.job_id, 10, tokens)
+        assert queue.release(job.pool, job.job_id, 10, tokens)
 
 
 @pytest.mark.usefixtures("engine")
@@ -53,7 +53,7 @@ def test_the_page_shows_each_engines_reservations_and_the_tenants_predictions(
         max_tokens=1000, kv_bytes=UNIT_BYTES, kv_floor=UNIT_BYTES // 2, kv_token=1000,
     )  # fmt: skip
     assert queue.pick("llama", "llama-a") is not None
-    queue.set_engine_load("llama-a", 0.1, kv_usage=0.75, preempted=4)
+    queue.set_engine_load("llama", "llama-a", 0.1, kv_usage=0.75, preempted=4)
     text = " ".join(section(console.get("/console/queues/").content.decode()).split())
     assert "Pool llama : predict: prompt + p95" in text
     assert "llama-a a prediction" in text

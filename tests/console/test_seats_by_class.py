@@ -46,7 +46,7 @@ def missed_target() -> None:
     """An interactive job whose first token came in 1.2 s, four times its 300 ms target: the
     controller cuts the seats below interactive to 1 (lua/lib.lua observe_ttft)."""
     job_id = run("interactive")
-    assert fair_queue().release(job_id, 10, 10, last_words=LastWords(ttft_s=1.2))
+    assert fair_queue().release("llama", job_id, 10, 10, last_words=LastWords(ttft_s=1.2))
 
 
 def section(html: str) -> str:
@@ -163,7 +163,7 @@ def test_the_gates_own_reasons_come_before_a_seat_bound(engine: Engine):
     assert (gate.is_open, gate.shut_by, gate.held_back_by) == (False, "bound", "interactive")
     assert gate.why.startswith("interactive's fixed bound of 1 seat holds offline back")
 
-    queue.set_engine_load("llama-a", 0.9)
+    queue.set_engine_load("llama", "llama-a", 0.9)
     gate = engine_gate(queue=queue, engine=engine)
     assert (gate.shut_by, gate.held_back_by) == ("load", "")
     assert gate.why.startswith("load 90%, at or over 40%")

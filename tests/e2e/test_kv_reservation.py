@@ -74,7 +74,8 @@ class MostInFlight:
 
     def _watch(self) -> None:
         while not self._stop.is_set():
-            value = self._client.hget(f"gs:fq:engine:{ENGINE}:use", "inflight")
+            # The engine's pool is named after its model, as it is.
+            value = self._client.hget(f"gs:fq:{{p:{ENGINE}}}:engine:{ENGINE}:use", "inflight")
             self.most = max(self.most, int(value or 0))
             time.sleep(0.05)
 

@@ -194,7 +194,7 @@ def test_the_sampler_runs_for_real_on_cpu_with_no_gpu_fields(platform_server, tr
             "from scheduler.pools.policies import fair_queue\n"
             f"rows = list(EngineSample.objects.filter(engine='{MODEL}').values())\n"
             "q = fair_queue()\n"
-            f"load = q.redis.hget(q.keys.engine('{MODEL}'), 'load')\n"
+            f"load = q.redis.hget(q.keys.engine('{MODEL}', '{MODEL}'), 'load')\n"
             "print(json.dumps({'rows': rows, 'gpus': GpuSample.objects.count(), "
             "'load': load}, default=str))",
         )

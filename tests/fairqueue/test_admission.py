@@ -31,9 +31,9 @@ def test_it_admits_only_what_fits_the_engines_free_kv_budget(fq: FairQueue) -> N
     fq.set_tenant_policy("a", TenantPolicy(1, 100 * UNIT))
     fq.set_engine_policy(engine(kv_units=8))
     first, second = submit(fq, "a", 5), submit(fq, "a", 4)
-    assert fq.pick("p", "e1", now=1) == fq.get_job(first.job_id)
+    assert fq.pick("p", "e1", now=1) == fq.get_job(first.pool, first.job_id)
     assert fq.pick("p", "e1", now=1) is None
-    fq.release(first.job_id, 10, 10, now=2)
+    fq.release(first.pool, first.job_id, 10, 10, now=2)
     picked = fq.pick("p", "e1", now=3)
     assert picked is not None
     assert picked.job_id == second.job_id
@@ -49,7 +49,7 @@ def test_a_small_job_behind_a_big_one_of_another_tenant_still_runs(fq: FairQueue
     picked = fq.pick("p", "e1", now=2)
     assert picked is not None
     assert picked.job_id == small.job_id
-    assert fq.get_job(big.job_id).state == "queued"  # type: ignore[union-attr]
+    assert fq.get_job(big.pool, big.job_id).state == "queued"  # type: ignore[union-attr]
 
 
 def test_it_keeps_a_tenant_within_its_quota(fq: FairQueue) -> None:
@@ -59,7 +59,7 @@ def test_it_keeps_a_tenant_within_its_quota(fq: FairQueue) -> None:
     assert fq.pick("p", "e1", now=1) is not None
     assert fq.pick("p", "e1", now=1) is not None
     assert fq.pick("p", "e1", now=1) is None
-    assert fq.get_job(jobs[2].job_id).state == "queued"  # type: ignore[union-attr]
+    assert fq.get_job(jobs[2].pool, jobs[2].job_id).state == "queued"  # type: ignore[union-attr]
 
 
 def test_burst_is_lent_only_while_no_one_else_waits_within_quota(fq: FairQueue) -> None:
@@ -69,8 +69,8 @@ def test_burst_is_lent_only_while_no_one_else_waits_within_quota(fq: FairQueue) 
     a_jobs = [submit(fq, "a", 1) for _ in range(4)]
     # Alone, a borrows up to quota + burst = 3 units.
     assert [fq.pick("p", "e1", now=1) is not None for _ in range(4)] == [True, True, True, False]
-    fq.release(a_jobs[0].job_id, 10, 10, now=2)
-    fq.release(a_jobs[1].job_id, 10, 10, now=2)
+    fq.release(a_jobs[0].pool, a_jobs[0].job_id, 10, 10, now=2)
+    fq.release(a_jobs[1].pool, a_jobs[1].job_id, 10, 10, now=2)
     # a holds 1 unit (its quota). b now waits within its quota: no idle capacity to lend,
     # so b goes first although a's next job is older.
     b_job = submit(fq, "b", 1)
@@ -131,7 +131,7 @@ def test_offline_waits_while_load_is_at_the_threshold(fq: FairQueue) -> None:
     fq.set_engine_policy(engine(load=0.4))
     job = submit(fq, "a", 1, request_class="offline")
     assert fq.pick("p", "e1", now=1) is None
-    fq.set_engine_load("e1", 0.39)
+    fq.set_engine_load("p", "e1", 0.39)
     picked = fq.pick("p", "e1", now=2)
     assert picked is not None
     assert picked.job_id == job.job_id
@@ -143,12 +143,12 @@ def test_the_load_reopens_the_gate_only_below_the_threshold_less_the_margin(
     fq.set_tenant_policy("a", TenantPolicy(1, 100 * UNIT))
     fq.set_engine_policy(replace(engine(), offline_gate_margin=0.1))
     submit(fq, "a", 1, request_class="offline")
-    assert fq.set_engine_load("e1", 0.45, "tensor_activity")  # closed at the threshold
-    assert fq.set_engine_load("e1", 0.35, "tensor_activity")  # still closed: over 0.3
+    assert fq.set_engine_load("p", "e1", 0.45, "tensor_activity")  # closed at the threshold
+    assert fq.set_engine_load("p", "e1", 0.35, "tensor_activity")  # still closed: over 0.3
     assert fq.pick("p", "e1", now=1) is None
-    assert not fq.set_engine_load("e1", 0.25, "kv_cache_usage")
+    assert not fq.set_engine_load("p", "e1", 0.25, "kv_cache_usage")
     assert fq.pick("p", "e1", now=2) is not None
-    policy = fq.redis.hmget(fq.keys.engine("e1"), ["load_signal", "load_closed"])
+    policy = fq.redis.hmget(fq.keys.engine("p", "e1"), ["load_signal", "load_closed"])
     assert [str(v, "utf-8") if isinstance(v, bytes) else v for v in policy] == [
         "kv_cache_usage",
         "0",
@@ -162,7 +162,7 @@ def test_online_seats_shut_offline_out_at_the_next_pick(fq: FairQueue) -> None:
     assert all(fq.pick("p", "e1", now=1) is not None for _ in online)
     offline = submit(fq, "a", 0.1, request_class="offline")
     assert fq.pick("p", "e1", now=1) is None  # 4 of 10 seats online: 0.4
-    fq.release(online[0].job_id, 10, 10, now=2)
+    fq.release(online[0].pool, online[0].job_id, 10, 10, now=2)
     picked = fq.pick("p", "e1", now=3)  # no sampler tick in between
     assert picked is not None
     assert picked.job_id == offline.job_id
@@ -230,7 +230,7 @@ def test_it_rejects_a_pool_without_engines_an_unknown_class_and_a_duplicate(
 
 def test_an_engine_of_another_pool_cannot_pick_here(fq: FairQueue) -> None:
     fq.set_engine_policy(EnginePolicy("e2", "other", UNIT, 4))
-    with pytest.raises(Exception, match="serves pool other"):
+    with pytest.raises(Exception, match="e2 does not serve pool p"):
         fq.pick("p", "e2", now=1)
 
 

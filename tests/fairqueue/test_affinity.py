@@ -55,7 +55,7 @@ def test_a_job_runs_on_the_engine_that_ran_its_keys_latest_job(
     first = picked(fq, "e1")
     assert first.engine_id == "e1"
     assert affinity_map(fq, fq_redis) == {"k-a": "e1"}
-    fq.release(first.job_id, 100, 10, now=2)
+    fq.release(first.pool, first.job_id, 100, 10, now=2)
     second = submit(fq)
     # Picked for e2, where a seat freed; e1 holds the prefix and has a seat: it runs there.
     job = picked(fq, "e2")
@@ -145,7 +145,7 @@ def test_an_engine_gone_from_the_pool_holds_nothing(fq: FairQueue, fq_redis: red
     setup_pool(fq)
     first = submit(fq)
     assert picked(fq, "e1").engine_id == "e1"
-    fq.release(first.job_id, 100, 10, now=2)
+    fq.release(first.pool, first.job_id, 100, 10, now=2)
     fq.remove_engine("e1")
     submit(fq)
     assert picked(fq, "e2").engine_id == "e2"
@@ -180,7 +180,7 @@ def test_a_seat_goes_to_a_job_within_one_charge_whose_prefix_the_engine_holds(
     on_e1, on_e2 = both_engines_busy(fq)
     # b's job ends having generated more than expected: b is now behind a in the fair
     # order, but by less than one charge of a's next job.
-    fq.release(on_e2.job_id, 100, 100, now=2)
+    fq.release(on_e2.pool, on_e2.job_id, 100, 100, now=2)
     assert counter(fq, "a") < counter(fq, "b") <= counter(fq, "a") + CHARGE
     # a is the fairest, but its prefix is on e1, which is full: e2's seat goes to b, whose
     # prefix e2 holds.
@@ -188,7 +188,7 @@ def test_a_seat_goes_to_a_job_within_one_charge_whose_prefix_the_engine_holds(
     assert (job.tenant, job.engine_id) == ("b", "e2")
     assert affinity_map(fq, fq_redis) == {"k-a": "e1", "k-b": "e2"}
     # a keeps its place: the next seat, on e1, where its prefix is, goes to it.
-    fq.release(on_e1.job_id, 100, 50, now=2)
+    fq.release(on_e1.pool, on_e1.job_id, 100, 50, now=2)
     job = picked(fq, "e1")
     assert (job.tenant, job.engine_id) == ("a", "e1")
     assert fq.check().ok
@@ -198,7 +198,7 @@ def test_a_job_more_than_one_charge_behind_does_not_take_the_seat(
     fq: FairQueue, fq_redis: redis.Redis
 ) -> None:
     _, on_e2 = both_engines_busy(fq)
-    fq.release(on_e2.job_id, 100, 200, now=2)
+    fq.release(on_e2.pool, on_e2.job_id, 100, 200, now=2)
     assert counter(fq, "b") > counter(fq, "a") + CHARGE
     # b is more than a's charge behind: the fair order holds, a runs on e2 and moves its key.
     job = picked(fq, "e2")
@@ -211,7 +211,7 @@ def test_without_affinity_keys_the_fair_order_fills_the_seat(
     fq: FairQueue, fq_redis: redis.Redis
 ) -> None:
     _, on_e2 = both_engines_busy(fq, affinity=False)
-    fq.release(on_e2.job_id, 100, 100, now=2)
+    fq.release(on_e2.pool, on_e2.job_id, 100, 100, now=2)
     assert counter(fq, "a") < counter(fq, "b") <= counter(fq, "a") + CHARGE
     job = picked(fq, "e2")
     assert (job.tenant, job.engine_id) == ("a", "e2")
@@ -235,7 +235,7 @@ def test_the_pick_looks_at_most_affinity_scan_tenants_past_the_fairest(
     for tenant in fillers:
         submit(fq, tenant, affinity="")
     submit(fq, "z", "k-z")
-    fq.release(on_e2.job_id, 100, 50, now=2)
+    fq.release(on_e2.pool, on_e2.job_id, 100, 50, now=2)
     # Every counter is a's: the backlog's order is a, the fillers, z (ties by name).
     assert {counter(fq, tenant) for tenant in ["a", *fillers, "z"]} == {counter(fq, "a")}
     job = picked(fq, "e2")

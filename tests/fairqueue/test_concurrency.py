@@ -29,12 +29,12 @@ def work(fq: FairQueue, engine_id: str, seed: int, stop: threading.Event) -> Non
         time.sleep(rng.random() * 0.008)
         roll = rng.random()
         if roll < 0.8:
-            fq.release(job.job_id, job.prompt_tokens, rng.randint(0, job.max_tokens),
+            fq.release(job.pool, job.job_id, job.prompt_tokens, rng.randint(0, job.max_tokens),
                        attempt=job.attempt)  # fmt: skip
         elif roll < 0.9:
-            fq.cancel(job.job_id, reason="client_disconnected")
+            fq.cancel(job.pool, job.job_id, reason="client_disconnected")
         else:
-            fq.requeue(job.job_id, attempt=job.attempt)
+            fq.requeue(job.pool, job.job_id, attempt=job.attempt)
 
 
 def reap(fq: FairQueue, stop: threading.Event, reaped: list[str]) -> None:
@@ -90,7 +90,7 @@ def test_concurrent_workers_never_overcommit_and_leave_no_drift(fq_redis: redis.
     deadline = time.monotonic() + 30
     try:
         while time.monotonic() < deadline:
-            states = {fq_redis.hget(fq.keys.job(job_id), "state") for job_id in job_ids}
+            states = {fq_redis.hget(fq.keys.job("p", job_id), "state") for job_id in job_ids}
             if states <= {"done", "cancelled"}:
                 break
             time.sleep(0.05)

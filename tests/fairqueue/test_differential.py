@@ -127,22 +127,22 @@ def step(
             expected, got = model.pick(engine_id), fq.pick("p", engine_id, now=1)
         assert same_job(got, expected)
     elif kind == "release" and running and w % 2:
-        ran = fq.get_job(running[x % len(running)])
+        ran = fq.get_job("p", running[x % len(running)])
         assert ran is not None
         released, got = fq.release_and_pick(ran, 1 + y, z, pool="p", now=2)
         assert released == model.release(ran.job_id, 1 + y, z)
         assert same_job(got, model.pick_in_pool())
     elif kind == "release" and running:
         job_id = running[x % len(running)]
-        assert fq.release(job_id, 1 + y, z, now=2) == model.release(job_id, 1 + y, z)
+        assert fq.release("p", job_id, 1 + y, z, now=2) == model.release(job_id, 1 + y, z)
     elif kind == "cancel" and live:
         job_id = live[x % len(live)]
-        assert fq.cancel(job_id, now=2) == model.cancel(job_id)
+        assert fq.cancel("p", job_id, now=2) == model.cancel(job_id)
     elif kind == "requeue" and running:
         job_id = running[x % len(running)]
-        assert fq.requeue(job_id, now=2) == model.requeue(job_id)
+        assert fq.requeue("p", job_id, now=2) == model.requeue(job_id)
     elif kind == "load":
-        assert fq.set_engine_load(engine_id, y / 8) == model.set_load(engine_id, y / 8)
+        assert fq.set_engine_load("p", engine_id, y / 8) == model.set_load(engine_id, y / 8)
 
 
 def run_both(

@@ -77,7 +77,7 @@ def dispatch_classes(fq: FairQueue, picks: int) -> list[str]:
         if job is None:
             break
         order.append(job.request_class)
-        fq.release(job.job_id, 10, 10, now=1)
+        fq.release(job.pool, job.job_id, 10, 10, now=1)
         fq.enqueue(
             tenant=job.tenant, pool="p", request_class=job.request_class,
             prompt_tokens=10, max_tokens=10, kv_bytes=1, job_id=f"r{step}", now=1,
@@ -119,13 +119,13 @@ def test_offline_gets_nothing_while_load_is_at_or_over_its_threshold(fq: FairQue
     counts = Counter(dispatch_classes(fq, 440))
     assert counts == {"interactive": 320, "standard": 120}
     # Once the load drops, offline is served at its share and has banked no credit.
-    fq.set_engine_load("e1", 0.1)
+    fq.set_engine_load("p", "e1", 0.1)
     order = []
     for step in range(24):
         job = fq.pick("p", "e1", now=2)
         assert job is not None
         order.append(job.request_class)
-        fq.release(job.job_id, 10, 10, now=2)
+        fq.release(job.pool, job.job_id, 10, 10, now=2)
         fq.enqueue(
             tenant=job.tenant, pool="p", request_class=job.request_class,
             prompt_tokens=10, max_tokens=10, kv_bytes=1, job_id=f"s{step}", now=2,

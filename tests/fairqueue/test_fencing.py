@@ -38,7 +38,7 @@ def fenced(fq_redis: redis.Redis) -> FairQueue:
 
 
 def state(fq: FairQueue, job_id: str) -> tuple[str, int] | None:
-    return fq.job_state(job_id)
+    return fq.job_state("p", job_id)
 
 
 @pytest.mark.parametrize("client", ["raw", "redis-py"])
@@ -55,12 +55,12 @@ def test_each_fenced_script_waits_for_the_replicas_and_says_when_they_fell_short
     assert state(fq, "j1") == ("queued", 0)
     with pytest.raises(NotReplicated):
         fenced.pick("p", "e1")
-    job = fq.get_job("j1")
+    job = fq.get_job("p", "j1")
     assert job is not None
     assert job.state == "running"
-    assert fenced.renew_lease("j1", job.attempt)  # a renewal is not fenced
+    assert fenced.renew_lease("p", "j1", job.attempt)  # a renewal is not fenced
     with pytest.raises(NotReplicated):
-        fenced.release("j1", 100, 10, attempt=job.attempt)
+        fenced.release("p", "j1", 100, 10, attempt=job.attempt)
     assert state(fq, "j1") == ("done", 1)
 
 
@@ -94,7 +94,7 @@ def test_an_enqueue_not_acknowledged_is_cancelled_and_refused(
     with pytest.raises(NotReplicated):
         run(enqueue())
     # Its waiter answers 503: the job does not run for nobody on this primary.
-    job = fq.get_job("j1")
+    job = fq.get_job("p", "j1")
     assert job is not None
     assert job.state == "cancelled"
 

@@ -41,7 +41,7 @@ def test_a_finished_request_leaves_nothing_once_its_window_has_passed(fq_redis):
         enqueue(fq, "b")
         first = fq.pick("p", "e1")
         assert first is not None
-        fq.release(first.job_id, 100, 10)
+        fq.release(first.pool, first.job_id, 100, 10)
     time.sleep(1.2)
     keys_at_rest = set(fq_redis.keys("*"))
 
@@ -51,11 +51,11 @@ def test_a_finished_request_leaves_nothing_once_its_window_has_passed(fq_redis):
         job = fq.pick("p", "e1")
         assert job is not None
         assert job.job_id == released
-        fq.release(job.job_id, 100, 10, last_words=words)
-        assert 0 < fq_redis.ttl(fq.keys.job(job.job_id)) <= 1
-        assert 0 < fq_redis.ttl(fq.keys.events(job.job_id)) <= 1
+        fq.release(job.pool, job.job_id, 100, 10, last_words=words)
+        assert 0 < fq_redis.ttl(fq.keys.job(job.pool, job.job_id)) <= 1
+        assert 0 < fq_redis.ttl(fq.keys.events(job.pool, job.job_id)) <= 1
     cancelled = enqueue(fq, "b")
-    fq.cancel(cancelled)
+    fq.cancel("p", cancelled)
     fq_redis.delete("ledger")  # the ledger's flusher takes its rows
 
     # The answer-length samples stay a day: a tenant back after a pause is predicted.

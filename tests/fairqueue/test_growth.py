@@ -29,7 +29,7 @@ def test_counted_pieces_grow_the_reservation_a_few_times_at_most(fq: FairQueue) 
         submit()
         done = fq.pick("p", "e1")
         assert done is not None
-        fq.release(done.job_id, 90, 10)
+        fq.release(done.pool, done.job_id, 90, 10)
     submit()
     job = fq.pick("p", "e1")
     assert job is not None
@@ -42,12 +42,12 @@ def test_counted_pieces_grow_the_reservation_a_few_times_at_most(fq: FairQueue) 
         queue = AsyncFairQueue(fq, client)
         calls = queue.grow
 
-        async def counted(job_id: str, attempt: int, tokens: int) -> int:
+        async def counted(pool: str, job_id: str, attempt: int, tokens: int) -> int:
             grows.append(tokens)
-            return await calls(job_id, attempt, tokens)
+            return await calls(pool, job_id, attempt, tokens)
 
         queue.grow = counted  # type: ignore[method-assign]
-        growth = Growth(queue, job.job_id, job.attempt, job.covered_tokens)
+        growth = Growth(queue, job.pool, job.job_id, job.attempt, job.covered_tokens)
         try:
             for _ in range(200):  # one piece at a time, as a stream's chunks come
                 growth.add(1)
@@ -63,6 +63,6 @@ def test_counted_pieces_grow_the_reservation_a_few_times_at_most(fq: FairQueue) 
     asyncio.run(stream())
     # Each grow covers twice the tokens so far: 11 -> 22 -> 44 -> ..., a few calls in all.
     assert 3 <= len(grows) <= 6
-    reserved = int(fq.redis.hget(fq.keys.engine_usage("e1"), "reserved") or 0)
+    reserved = int(fq.redis.hget(fq.keys.engine_usage("p", "e1"), "reserved") or 0)
     assert FLOOR + 200 * TOKEN <= reserved <= FLOOR + 400 * TOKEN
     assert fq.check().ok

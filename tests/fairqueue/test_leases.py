@@ -20,7 +20,7 @@ from fairqueue import library
 from fairqueue.keys import Keys
 from fairqueue.leases import Leases
 from fairqueue.leases_model import Grant, LeaseModel, PoolLease, Standing, lease_problems
-from tests.support.redis_cluster import RedisCluster, running_cluster
+from tests.support.redis_cluster import RedisCluster
 
 # --- the model ----------------------------------------------------------------------------
 
@@ -305,12 +305,6 @@ def test_a_redis_that_lost_the_library_gets_it_again(leases: Leases, fq_redis: r
 
 
 # --- on a cluster -------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
-    with running_cluster(tmp_path_factory.mktemp("cluster")) as started:
-        yield started
 
 
 @pytest.fixture

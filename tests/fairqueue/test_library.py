@@ -42,7 +42,7 @@ def lifecycle(queue: FairQueue) -> None:
     picked = queue.pick("p")
     assert picked is not None
     assert picked.job_id == job.job_id
-    assert queue.release(job.job_id, 1, 1, attempt=picked.attempt)
+    assert queue.release(job.pool, job.job_id, 1, 1, attempt=picked.attempt)
     assert queue.check().problems == []
 
 
@@ -93,7 +93,7 @@ def test_the_event_loops_client_loads_it_too(fq: FairQueue, fq_redis: redis.Redi
             fq_redis.function_flush()
             kept = await queue.renew_leases([picked, picked])  # a pipeline of two calls
             fq_redis.function_flush()
-            return [*kept, await queue.grow(job.job_id, picked.attempt, 1) != -2]
+            return [*kept, await queue.grow(job.pool, job.job_id, picked.attempt, 1) != -2]
         finally:
             client.close()
 

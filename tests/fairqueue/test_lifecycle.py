@@ -4,9 +4,10 @@ events, and the invariant check."""
 import json
 
 import redis
+from redis.crc import key_slot
 
 from fairqueue import EnginePolicy, FairQueue, FairQueueConfig, Job, LastWords, TenantPolicy
-from fairqueue.domain import payload_summary
+from fairqueue.domain import DispatchLoop, payload_summary
 from fairqueue.keys import Keys
 
 UNIT = 256 * 1024 * 1024
@@ -49,7 +50,7 @@ def reserved(fq: FairQueue) -> tuple[int, int, int]:
 
 def events(fq: FairQueue, job_id: str) -> list[dict[str, object]]:
     found = []
-    while (event := fq.wait_event(job_id, 0.01)) is not None:
+    while (event := fq.wait_event("p", job_id, 0.01)) is not None:
         found.append(event)
     return found
 
@@ -61,7 +62,7 @@ def test_an_interactive_job_expires_after_its_queue_timeout_and_its_waiter_is_to
     job = submit(fq, request_class="interactive", now=0)
     assert fq.expire_waiting(now=29.9) == []
     assert fq.expire_waiting(now=30.0) == [job.job_id]
-    assert fq.get_job(job.job_id).state == "expired"  # type: ignore[union-attr]
+    assert fq.get_job(job.pool, job.job_id).state == "expired"  # type: ignore[union-attr]
     [event] = events(fq, job.job_id)
     assert event["event"] == "expired"
     assert event["reason"] == "queue_timeout"
@@ -75,7 +76,7 @@ def test_a_pick_never_hands_out_a_job_past_its_deadline(fq: FairQueue) -> None:
     stale = submit(fq, request_class="interactive", now=0)
     fresh = submit(fq, request_class="standard", now=0)
     assert pick(fq, now=45).job_id == fresh.job_id  # interactive would go first, had it lived
-    assert fq.get_job(stale.job_id).state == "expired"  # type: ignore[union-attr]
+    assert fq.get_job(stale.pool, stale.job_id).state == "expired"  # type: ignore[union-attr]
 
 
 def test_a_pick_scans_past_many_expired_heads(fq: FairQueue) -> None:
@@ -125,7 +126,7 @@ def test_the_reaper_returns_an_expired_lease_to_the_head_and_frees_it(fq: FairQu
     assert again.job_id == first.job_id  # the head, before `second`
     assert again.attempt == 2
     assert [e["event"] for e in events(fq, first.job_id)] == ["requeued"]  # a pick says nothing
-    assert fq.get_job(second.job_id).state == "queued"  # type: ignore[union-attr]
+    assert fq.get_job(second.pool, second.job_id).state == "queued"  # type: ignore[union-attr]
 
 
 def test_a_stale_worker_cannot_release_the_next_attempt(fq: FairQueue) -> None:
@@ -134,17 +135,17 @@ def test_a_stale_worker_cannot_release_the_next_attempt(fq: FairQueue) -> None:
     first_attempt = pick(fq, now=1)
     fq.reap_expired_leases(now=500)
     pick(fq, now=501)
-    assert not fq.release(job.job_id, 100, 50, attempt=first_attempt.attempt, now=502)
-    assert not fq.renew_lease(job.job_id, first_attempt.attempt, now=502)
-    assert fq.get_job(job.job_id).state == "running"  # type: ignore[union-attr]
-    assert fq.release(job.job_id, 100, 50, attempt=2, now=503)
+    assert not fq.release(job.pool, job.job_id, 100, 50, attempt=first_attempt.attempt, now=502)
+    assert not fq.renew_lease(job.pool, job.job_id, first_attempt.attempt, now=502)
+    assert fq.get_job(job.pool, job.job_id).state == "running"  # type: ignore[union-attr]
+    assert fq.release(job.pool, job.job_id, 100, 50, attempt=2, now=503)
 
 
 def test_renewing_a_lease_keeps_the_reaper_away(fq: FairQueue) -> None:
     setup_pool(fq)
     submit(fq)
     job = pick(fq, now=0)
-    assert fq.renew_lease(job.job_id, job.attempt, now=100)
+    assert fq.renew_lease(job.pool, job.job_id, job.attempt, now=100)
     assert fq.reap_expired_leases(now=150) == []
     assert fq.reap_expired_leases(now=220) == [job.job_id]
 
@@ -154,10 +155,10 @@ def test_release_is_idempotent_and_charges_the_real_tokens(fq: FairQueue) -> Non
     submit(fq)
     job = pick(fq, now=1)
     assert job.charged == 100 + 2 * 50  # the estimate: prompt + 2 x max_tokens
-    assert fq.release(job.job_id, 100, 20, now=2)
-    assert not fq.release(job.job_id, 100, 20, now=3)
-    assert not fq.release("never-was", 1, 1, now=3)
-    assert fq.get_job(job.job_id).charged == 100 + 2 * 20  # type: ignore[union-attr]
+    assert fq.release(job.pool, job.job_id, 100, 20, now=2)
+    assert not fq.release(job.pool, job.job_id, 100, 20, now=3)
+    assert not fq.release("p", "never-was", 1, 1, now=3)
+    assert fq.get_job(job.pool, job.job_id).charged == 100 + 2 * 20  # type: ignore[union-attr]
     [row] = fq.snapshot().queues
     assert row.counter == 140
     assert reserved(fq) == (0, 0, 0)
@@ -167,8 +168,8 @@ def test_release_is_idempotent_and_charges_the_real_tokens(fq: FairQueue) -> Non
 def test_cancelling_a_queued_job_removes_it_and_tells_the_waiter(fq: FairQueue) -> None:
     setup_pool(fq)
     job = submit(fq)
-    assert fq.cancel(job.job_id, reason="client_disconnected", now=1) == "queued"
-    assert fq.cancel(job.job_id, now=2) == ""
+    assert fq.cancel(job.pool, job.job_id, reason="client_disconnected", now=1) == "queued"
+    assert fq.cancel(job.pool, job.job_id, now=2) == ""
     assert fq.pick("p", "e1", now=3) is None
     assert events(fq, job.job_id) == [
         {"event": "cancelled", "reason": "client_disconnected", "at": 1}
@@ -180,11 +181,11 @@ def test_cancelling_a_running_job_frees_everything(fq: FairQueue) -> None:
     setup_pool(fq)
     submit(fq)
     job = pick(fq, now=1)
-    assert fq.cancel(job.job_id, now=2) == "running"
+    assert fq.cancel(job.pool, job.job_id, now=2) == "running"
     assert reserved(fq) == (0, 0, 0)
-    assert not fq.release(job.job_id, 100, 50, now=3)
-    assert not fq.renew_lease(job.job_id, job.attempt, now=3)
-    assert fq.get_job(job.job_id).charged == 100  # type: ignore[union-attr]
+    assert not fq.release(job.pool, job.job_id, 100, 50, now=3)
+    assert not fq.renew_lease(job.pool, job.job_id, job.attempt, now=3)
+    assert fq.get_job(job.pool, job.job_id).charged == 100  # type: ignore[union-attr]
     assert fq.check().ok
 
 
@@ -192,22 +193,22 @@ def test_a_requeued_job_refunds_its_estimate_and_goes_first(fq: FairQueue) -> No
     setup_pool(fq)
     first, second = submit(fq), submit(fq)
     assert pick(fq, now=1).job_id == first.job_id
-    assert fq.requeue(first.job_id, reason="engine_gone", now=2)
-    assert not fq.requeue(first.job_id, now=2)
+    assert fq.requeue(first.pool, first.job_id, reason="engine_gone", now=2)
+    assert not fq.requeue(first.pool, first.job_id, now=2)
     assert reserved(fq) == (0, 0, 0)
     [row] = fq.snapshot().queues
     assert row.counter == 0
     assert row.waiting == 2
     assert pick(fq, now=3).job_id == first.job_id
-    assert fq.get_job(second.job_id).state == "queued"  # type: ignore[union-attr]
+    assert fq.get_job(second.pool, second.job_id).state == "queued"  # type: ignore[union-attr]
 
 
 def test_a_worker_publishes_to_the_same_channel_the_waiter_reads(fq: FairQueue) -> None:
     setup_pool(fq)
     submit(fq)
     job = pick(fq, now=1)
-    fq.publish(job.job_id, {"event": "chunk", "text": "hel"})
-    fq.publish(job.job_id, {"event": "done"})
+    fq.publish(job.pool, job.job_id, {"event": "chunk", "text": "hel"})
+    fq.publish(job.pool, job.job_id, {"event": "done"})
     assert [e["event"] for e in events(fq, job.job_id)] == ["chunk", "done"]
 
 
@@ -217,7 +218,7 @@ def test_the_check_reports_drift_and_repairs_it(fq: FairQueue, fq_redis: redis.R
     pick(fq, now=1)
     keys = Keys()
     fq_redis.hincrby(keys.tenant_usage("a"), "reserved", 7)
-    fq_redis.hincrby(keys.engine_usage("e1"), "inflight", 1)
+    fq_redis.hincrby(keys.engine_usage("p", "e1"), "inflight", 1)
     report = fq.check()
     assert not report.ok
     assert report.tenant_reserved["a"] == (UNIT + 7, UNIT)
@@ -263,36 +264,36 @@ def test_the_scripts_and_keys_py_name_the_same_keys(fq: FairQueue, fq_redis: red
     job = submit(fq)
     keys = Keys()
     for name in (
-        keys.job(job.job_id),
+        keys.job("p", job.job_id),
         keys.queue("p", "standard", "a"),
         keys.backlog("p", "standard"),
         keys.counters("p", "standard"),
-        keys.waiting(),
+        keys.waiting("p"),
         keys.pools(),
     ):
         assert fq_redis.exists(name), name
     pick(fq, now=1)
     for name in (
-        keys.inflight(),
+        keys.inflight("p"),
         keys.tenant_usage("a"),
-        keys.engine_usage("e1"),
+        keys.engine_usage("p", "e1"),
         keys.class_clock("p"),
     ):
         assert fq_redis.exists(name), name
-    fq.cancel(job.job_id, reason="client_gone")  # the waiter is told
-    assert fq_redis.exists(keys.events(job.job_id))
+    fq.cancel(job.pool, job.job_id, reason="client_gone")  # the waiter is told
+    assert fq_redis.exists(keys.events(job.pool, job.job_id))
     # A job released with its time to first token, on an engine with a target for its class,
     # leaves both the class's seated stamp (its stamp is over 0: its tenant ran one before)
     # and the engine's samples.
     target = EnginePolicy("e1", "p", 8 * UNIT, 8, ttft_targets_s={"interactive": 1.0})
     fq.set_engine_policy(target)
     submit(fq, request_class="interactive", now=2)
-    fq.release(pick(fq, now=3).job_id, 10, 1, last_words=LastWords(ttft_s=0.5), now=4)
+    fq.release("p", pick(fq, now=3).job_id, 10, 1, last_words=LastWords(ttft_s=0.5), now=4)
     submit(fq, request_class="interactive", now=5)
     second = pick(fq, now=6)
     assert second.stamp > 0
-    fq.release(second.job_id, 10, 1, last_words=LastWords(ttft_s=0.5), now=7)
-    for name in (keys.seated("p", "interactive"), keys.engine_ttfts("e1", "interactive")):
+    fq.release(second.pool, second.job_id, 10, 1, last_words=LastWords(ttft_s=0.5), now=7)
+    for name in (keys.seated("p", "interactive"), keys.engine_ttfts("p", "e1", "interactive")):
         assert fq_redis.exists(name), name
 
 
@@ -311,7 +312,7 @@ def test_release_and_pick_releases_once_and_hands_over_the_next_job_in_one_step(
     assert (following.job_id, following.engine_id, following.state) == (
         second.job_id, "e1", "running",
     )  # fmt: skip
-    assert fq.get_job(first.job_id).state == "done"  # type: ignore[union-attr]
+    assert fq.get_job(first.pool, first.job_id).state == "done"  # type: ignore[union-attr]
     assert reserved(fq) == (0, UNIT, 1)  # only b's job holds anything now
     # Released already: a second turn releases nothing, and nothing is left to pick.
     assert fq.release_and_pick(running, 100, 20, pool="p", now=3) == (False, None)
@@ -321,10 +322,10 @@ def test_release_and_pick_releases_once_and_hands_over_the_next_job_in_one_step(
 def test_job_state_reads_state_and_attempt_only(fq: FairQueue) -> None:
     setup_pool(fq)
     job = submit(fq, now=0)
-    assert fq.job_state(job.job_id) == ("queued", 0)
+    assert fq.job_state(job.pool, job.job_id) == ("queued", 0)
     running = pick(fq, now=1)
-    assert fq.job_state(job.job_id) == ("running", running.attempt)
-    assert fq.job_state("no-such-job") is None
+    assert fq.job_state(job.pool, job.job_id) == ("running", running.attempt)
+    assert fq.job_state("p", "no-such-job") is None
 
 
 def test_a_job_that_is_over_keeps_its_summary_not_its_request_body(fq: FairQueue) -> None:
@@ -343,11 +344,11 @@ def test_a_job_that_is_over_keeps_its_summary_not_its_request_body(fq: FairQueue
     assert picked.job_id == released.job_id
     assert json.loads(picked.payload) == payload  # whole while it runs
     cancelled, expired = job(), job("interactive")
-    fq.release(released.job_id, 1, 1, now=2)
-    fq.cancel(cancelled.job_id)
+    fq.release(released.pool, released.job_id, 1, 1, now=2)
+    fq.cancel(cancelled.pool, cancelled.job_id)
     fq.expire_waiting(now=10_000)
     for over in (released, cancelled, expired):
-        kept = fq.get_job(over.job_id)
+        kept = fq.get_job(over.pool, over.job_id)
         assert kept is not None
         assert json.loads(kept.payload) == {"tenant_id": 7, "model": "m"}  # the ledger's
 
@@ -364,10 +365,73 @@ def test_a_job_of_several_sequences_takes_a_seat_for_each(fq: FairQueue) -> None
     assert reserved(fq)[2] == 3
     assert pick(fq, now=1).job_id == narrow.job_id  # one seat was free
     assert fq.pick("p", "e1", now=1) is None  # four of four taken
-    running = fq.get_job(wide.job_id)
+    running = fq.get_job(wide.pool, wide.job_id)
     assert running is not None
     assert running.seqs == 3
-    assert fq.release(running.job_id, 100, 150, now=2)
+    assert fq.release(running.pool, running.job_id, 100, 150, now=2)
     assert fq.snapshot().engine_inflight["e1"] == 1
     assert pick(fq, now=3).job_id == last.job_id
     assert fq.check().ok
+
+
+def test_every_key_a_pools_decisions_make_is_in_the_pools_slot(
+    fq: FairQueue, fq_redis: redis.Redis
+) -> None:
+    """A pool's decisions touch one hash slot, its tag's (`{p:<pool>}`): every key they
+    leave is in it, but for the indexes, the tenants' policies the pools' copies are made
+    from, and the tenants' quota in use (`tenant:<t>:use`, shared by the pools)."""
+    keys = Keys()
+    setup_pool(fq)
+    fq.set_engine_policy(EnginePolicy("e1", "p", 8 * UNIT, 8, ttft_targets_s={"interactive": 1.0}))
+    fq.set_engine_policy(EnginePolicy("e2", "p", 8 * UNIT, 8, reservation="predict"))
+    inbox = keys.inbox("p", "web")
+    waited = fq.enqueue_args(
+        summon=True, tenant="a", pool="p", request_class="interactive", prompt_tokens=10,
+        max_tokens=10, kv_bytes=UNIT, inbox=inbox, kv_floor=UNIT // 2, kv_token=1,
+        observed=True, affinity="a",
+    )  # fmt: skip
+    fq.enqueue_answer(fq._run("enqueue", "p", *waited, now=0), waited)
+    expiring = submit(fq, "b", request_class="interactive", now=0)
+    assert set(fq.expire_waiting(now=100, pool="p")) == {waited[0], expiring.job_id}
+    loop = DispatchLoop(token="loop1")
+    assert fq.pick("p", loop=loop, now=101) is None  # registered idle
+    assert not fq.stop_waiting("p", loop)
+    fq.kick("p")
+    first, second, third = (submit(fq, t, request_class="standard", now=102) for t in "aba")
+    fq.cancel("p", third.job_id, now=103)
+    running = pick(fq, now=103)
+    fq.renew_lease("p", running.job_id, running.attempt, now=104)
+    fq.grow("p", running.job_id, running.attempt, 10, now=104)
+    fq.publish("p", running.job_id, {"event": "chunk", "text": "x"})
+    fq._run("answer", "p", running.job_id, "{}", keys.inbox("p", "worker"), "1")
+    ledger = LastWords(event={"event": "done"}, outbox=keys.ledger("p"), entry="row", ttft_s=0.5)
+    _, following = fq.release_and_pick(running, 10, 5, pool="p", now=105, last_words=ledger)
+    assert following is not None
+    assert fq.requeue("p", following.job_id, attempt=following.attempt, now=106)
+    reaped = pick(fq, now=107)
+    ended = 107 + fq.config.lease_s + 1
+    assert fq.reap_expired_leases(now=ended, pool="p") == [reaped.job_id]
+    fq.release("p", pick(fq, now=ended).job_id, 10, 5, last_words=ledger, now=ended)
+    for _ in range(2):  # the second run's stamp is over 0: it leaves the seated stamp
+        submit(fq, "a", request_class="interactive", now=ended)
+        seated = pick(fq, now=ended)
+        fq.release("p", seated.job_id, 10, 5, last_words=LastWords(ttft_s=0.5), now=ended)
+    for tenant in "ab":  # one runs, one waits: the indexes, queues and backlogs stay
+        fq.enqueue(tenant=tenant, pool="p", request_class="interactive", prompt_tokens=10,
+                   max_tokens=10, kv_bytes=UNIT, affinity=tenant, now=ended)  # fmt: skip
+    pick(fq, now=ended)
+    fq.set_engine_load("p", "e1", 0.5, "kv_cache_usage", kv_usage=0.5, preempted=1, now=203)
+    assert fq.check(repair=True).ok
+
+    slot = key_slot(keys.pool_tag("p").encode())
+    elsewhere = {key for key in fq_redis.keys("*") if key_slot(str(key).encode()) != slot}
+    indexes = {keys.pools(), keys.engines(), keys.tenants()}
+    policies = {keys.tenant_policy(t) for t in "ab"}
+    assert elsewhere == indexes | policies | {keys.tenant_usage(t) for t in "ab"}
+    left = {
+        keys.inflight("p"), keys.waiting("p"), keys.queue("p", "interactive", "b"),
+        keys.backlog("p", "interactive"), keys.seated("p", "interactive"),
+        keys.engine_ttfts("p", "e1", "interactive"), keys.pool_affinity("p"), keys.ledger("p"),
+        keys.inbox("p", "worker"), keys.job("p", first.job_id), keys.job("p", second.job_id),
+    }  # fmt: skip
+    assert left <= set(fq_redis.keys("*"))

@@ -47,8 +47,8 @@ def test_the_loop_that_went_idle_last_is_woken_first(fq: FairQueue, fq_redis: re
 
     arrive(fq, now=1)
 
-    assert fq_redis.llen(fq.keys.loop_wake(last.token)) == 1
-    assert fq_redis.llen(fq.keys.loop_wake(first.token)) == 0
+    assert fq_redis.llen(fq.keys.loop_wake("p", last.token)) == 1
+    assert fq_redis.llen(fq.keys.loop_wake("p", first.token)) == 0
     # The other one times out and leaves: as many loops stay as the traffic needs.
     assert fq.wait_for_work("p", first, timeout_s=0.05) is False
     assert fq_redis.zcard(fq.keys.idle_loops("p")) == 0
@@ -136,9 +136,9 @@ def test_a_freed_seat_wakes_a_waiting_loop(fq: FairQueue, fq_redis: redis.Redis)
     arrive(fq, "b", now=0)
     loop = idle_loop(fq, "l1", now=1)  # the engine's one seat is taken: nothing to run
 
-    fq.cancel(running.job_id, now=2)
+    fq.cancel(running.pool, running.job_id, now=2)
 
-    assert fq_redis.llen(fq.keys.loop_wake(loop.token)) == 1
+    assert fq_redis.llen(fq.keys.loop_wake("p", loop.token)) == 1
     following = fq.pick("p", loop=loop, now=3)
     assert following is not None
     assert following.tenant == "b"
@@ -148,7 +148,7 @@ def test_plain_enqueue_leaves_the_loops_alone(fq: FairQueue, fq_redis: redis.Red
     setup_pool(fq)
     loop = idle_loop(fq, "l1")
     fq.enqueue(tenant="a", now=1, **FIELDS)  # e.g. the batch feeder, which sends its own
-    assert fq_redis.llen(fq.keys.loop_wake(loop.token)) == 0
+    assert fq_redis.llen(fq.keys.loop_wake("p", loop.token)) == 0
     assert not fq_redis.exists(fq.keys.loop_summoned("p"))
 
 
@@ -182,6 +182,6 @@ def test_housekeeping_s_kick_wakes_an_idle_loop_and_asks_for_a_message_only_with
     setup_pool(fq)
     loop = idle_loop(fq, "l1", now=time.time())  # kick runs on Redis' clock
     assert fq.kick("p") is False  # the waiting loop is woken: no message
-    assert fq_redis.llen(fq.keys.loop_wake(loop.token)) == 1
+    assert fq_redis.llen(fq.keys.loop_wake("p", loop.token)) == 1
     assert fq.kick("p") is True  # no loop waits now: summon one
     assert fq.kick("p") is False  # once: the summoned loop has not started yet

@@ -48,7 +48,7 @@ def teach(fq: FairQueue, lengths: list[int], tenant: str = "a") -> None:
         picked = fq.pick("p", "e1", now=1)
         assert picked is not None
         assert picked.job_id == job.job_id
-        assert fq.release(job.job_id, 90, length, now=2)
+        assert fq.release(job.pool, job.job_id, 90, length, now=2)
 
 
 def tenant_reserved(fq: FairQueue, tenant: str = "a") -> int:
@@ -56,7 +56,7 @@ def tenant_reserved(fq: FairQueue, tenant: str = "a") -> int:
 
 
 def engine_reserved(fq: FairQueue) -> int:
-    return int(fq.redis.hget(fq.keys.engine_usage("e1"), "reserved") or 0)
+    return int(fq.redis.hget(fq.keys.engine_usage("p", "e1"), "reserved") or 0)
 
 
 @pytest.fixture
@@ -133,17 +133,17 @@ def test_a_job_grows_past_its_prediction_up_to_its_worst_case(fq: FairQueue) -> 
     job = fq.pick("p", "e1", now=1)
     assert job is not None
     assert job.covered_tokens == 50
-    assert fq.grow(job.job_id, job.attempt, 40, now=2) == 50  # within: nothing moves
+    assert fq.grow(job.pool, job.job_id, job.attempt, 40, now=2) == 50  # within: nothing moves
     assert engine_reserved(fq) == FLOOR + 50 * TOKEN
-    assert fq.grow(job.job_id, job.attempt, 60, now=2) == 120  # as many again
+    assert fq.grow(job.pool, job.job_id, job.attempt, 60, now=2) == 120  # as many again
     assert engine_reserved(fq) == tenant_reserved(fq) == FLOOR + 120 * TOKEN
-    assert fq.grow(job.job_id, job.attempt, 700, now=3) == -1  # its worst case, at most
+    assert fq.grow(job.pool, job.job_id, job.attempt, 700, now=3) == -1  # its worst case, at most
     assert engine_reserved(fq) == tenant_reserved(fq) == WORST
     assert fq.check().ok
-    assert fq.grow(job.job_id, job.attempt + 1, 800, now=3) == -2  # not that attempt's
-    assert fq.release(job.job_id, 90, 800, now=4)
+    assert fq.grow(job.pool, job.job_id, job.attempt + 1, 800, now=3) == -2  # not that attempt's
+    assert fq.release(job.pool, job.job_id, 90, 800, now=4)
     assert engine_reserved(fq) == tenant_reserved(fq) == 0
-    assert fq.grow(job.job_id, job.attempt, 900, now=5) == -2  # released: nothing to grow
+    assert fq.grow(job.pool, job.job_id, job.attempt, 900, now=5) == -2  # released: nothing to grow
     assert engine_reserved(fq) == 0
 
 
@@ -161,7 +161,7 @@ def test_a_job_nobody_counts_holds_its_worst_case_of_its_tenants_quota(fq: FairQ
     assert engine_reserved(fq) == 2 * (FLOOR + 50 * TOKEN)
     assert fq.check().ok
     for job in picked:
-        fq.release(job.job_id, 90, 50, now=2)
+        fq.release(job.pool, job.job_id, 90, 50, now=2)
     assert tenant_reserved(fq) == engine_reserved(fq) == 0
 
 
@@ -180,9 +180,9 @@ def test_where_it_predicts_a_job_larger_than_the_quota_runs_alone(fq: FairQueue)
     assert job.reserved == WORST  # nothing seen yet
     assert tenant_reserved(fq) == ceiling  # its whole quota, no more
     assert fq.pick("p", "e1", now=1) is None  # the next one waits for it
-    assert fq.grow(job.job_id, job.attempt, 999, now=2) == -1
+    assert fq.grow(job.pool, job.job_id, job.attempt, 999, now=2) == -1
     assert tenant_reserved(fq) == ceiling
-    fq.release(job.job_id, 90, 999, now=3)
+    fq.release(job.pool, job.job_id, 90, 999, now=3)
     assert tenant_reserved(fq) == 0
     picked = fq.pick("p", "e1", now=4)
     assert picked is not None
@@ -199,7 +199,7 @@ def test_kv_the_engine_holds_beyond_the_reservations_holds_picks_back(fq: FairQu
     assert len(pick_all(fq, now=10)) == 2
     # The engine measures 90 % in use while its jobs reserve 2 x cost: the rest is growth
     # nobody counted, and picks count it on top of the reservations until the next reading.
-    fq.set_engine_load("e1", 0.0, kv_usage=0.9, preempted=0, now=10)
+    fq.set_engine_load("p", "e1", 0.0, kv_usage=0.9, preempted=0, now=10)
     excess = int(BUDGET * 0.9) - 2 * cost
     assert fq.reservation_reports("p", now=10)[0].excess_bytes == excess
     for _ in range(40):
@@ -216,8 +216,8 @@ def test_preemptions_scale_the_budget_down_and_quiet_readings_give_it_back(
 ) -> None:
     fq.set_engine_policy(engine())
     teach(fq, [100] * 8)
-    fq.set_engine_load("e1", 0.0, kv_usage=0.0, preempted=2, now=10)
-    fq.set_engine_load("e1", 0.0, kv_usage=0.0, preempted=1, now=15)
+    fq.set_engine_load("p", "e1", 0.0, kv_usage=0.0, preempted=2, now=10)
+    fq.set_engine_load("p", "e1", 0.0, kv_usage=0.0, preempted=1, now=15)
     report = fq.reservation_reports("p", now=15)[0]
     assert report.scale == pytest.approx(0.64)
     for _ in range(40):
@@ -225,7 +225,7 @@ def test_preemptions_scale_the_budget_down_and_quiet_readings_give_it_back(
     cost = FLOOR + 100 * TOKEN
     assert len(pick_all(fq, now=16)) == int(BUDGET * 0.64) // cost
     for at in range(20, 100, 5):
-        fq.set_engine_load("e1", 0.0, kv_usage=0.0, preempted=0, now=at)
+        fq.set_engine_load("p", "e1", 0.0, kv_usage=0.0, preempted=0, now=at)
     assert fq.reservation_reports("p", now=100)[0].scale == 1.0
     assert len(pick_all(fq, now=100)) == BUDGET // cost - int(BUDGET * 0.64) // cost
 
@@ -233,7 +233,7 @@ def test_preemptions_scale_the_budget_down_and_quiet_readings_give_it_back(
 def test_the_worst_case_mode_ignores_the_water_level(fq: FairQueue) -> None:
     fq.set_tenant_policy("a", TenantPolicy(1, PLENTY))
     fq.set_engine_policy(engine("worst"))
-    fq.set_engine_load("e1", 0.0, kv_usage=0.99, preempted=5, now=0)
+    fq.set_engine_load("p", "e1", 0.0, kv_usage=0.99, preempted=5, now=0)
     for _ in range(5):
         submit(fq)
     assert len(pick_all(fq)) == 4
@@ -257,11 +257,11 @@ def test_a_tenant_whose_jobs_grow_past_its_quota_is_picked_nothing_until_back_un
     first, second, third = submit(fq), submit(fq), submit(fq)
     picked = pick_all(fq)
     assert [job.job_id for job in picked] == [first.job_id, second.job_id]
-    assert fq.grow(first.job_id, picked[0].attempt, 60, now=2) == 120
+    assert fq.grow(first.pool, first.job_id, picked[0].attempt, 60, now=2) == 120
     # Its quota shows what its jobs hold, growth and all: past the quota by that growth.
     assert tenant_reserved(fq) == 2 * cost + 70 * TOKEN
     assert fq.pick("p", "e1", now=3) is None
-    fq.release(first.job_id, 90, 60, now=4)  # the prediction is 60 now: 10 more a job
+    fq.release(first.pool, first.job_id, 90, 60, now=4)  # the prediction is 60 now: 10 more a job
     job = fq.pick("p", "e1", now=5)
     assert job is not None
     assert job.job_id == third.job_id

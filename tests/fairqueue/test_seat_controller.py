@@ -43,11 +43,11 @@ def run(fq: FairQueue, enqueued: float, picked: float, released: float, ttft: fl
     job = fq.pick("p", "e", now=picked)
     assert job is not None
     assert job.request_class == "interactive"
-    fq.release(job.job_id, 10, 10, last_words=LastWords(ttft_s=ttft), now=released)
+    fq.release(job.pool, job.job_id, 10, 10, last_words=LastWords(ttft_s=ttft), now=released)
 
 
 def below(fq_redis: redis.Redis) -> float | None:
-    value = fq_redis.hget("gs:fq:engine:e", "below:interactive")
+    value = fq_redis.hget("gs:fq:{p:p}:engine:e", "below:interactive")
     return None if value is None else float(value)
 
 
@@ -114,11 +114,11 @@ def test_misses_of_jobs_picked_before_the_last_cut_count_once(
         job = fq.pick("p", "e", now=0.1)
         assert job is not None
         jobs.append(job)
-    fq.release(jobs[0].job_id, 1, 1, last_words=LastWords(ttft_s=1.0), now=1.0)
+    fq.release(jobs[0].pool, jobs[0].job_id, 1, 1, last_words=LastWords(ttft_s=1.0), now=1.0)
     after_cut = below(fq_redis)
     assert after_cut is not None
     assert after_cut == pytest.approx(4 - 2 * 0.9)
-    fq.release(jobs[1].job_id, 1, 1, last_words=LastWords(ttft_s=1.0), now=1.5)
+    fq.release(jobs[1].pool, jobs[1].job_id, 1, 1, last_words=LastWords(ttft_s=1.0), now=1.5)
     assert below(fq_redis) == pytest.approx(after_cut - 0.9)  # not 2 x 0.9
 
 
@@ -163,8 +163,8 @@ def test_a_fixed_bound_holds_without_measures_and_a_new_target_starts_afresh(
     assert below(fq_redis) == cut
     fq.set_engine_policy(engine(ttft_targets_s={"interactive": 2 * TARGET_S}))  # changed
     assert below(fq_redis) is None
-    assert fq_redis.hget("gs:fq:engine:e", "fixed:interactive") is None  # no longer set
-    assert fq_redis.llen("gs:fq:engine:e:ttft:interactive") == 0
+    assert fq_redis.hget("gs:fq:{p:p}:engine:e", "fixed:interactive") is None  # no longer set
+    assert fq_redis.llen("gs:fq:{p:p}:engine:e:ttft:interactive") == 0
 
 
 def test_the_pure_class_limit_names_the_bound_that_holds_a_class_back() -> None:

@@ -172,7 +172,7 @@ def test_the_fair_queue_runs_a_job_over_either_client(redis_db: redis.Redis, lea
     picked = queue.pick("p", loop=loop)
     assert picked is not None
     assert picked.job_id == job.job_id
-    queue.publish(job.job_id, {"event": "chunk", "n": 1})
-    assert queue.events(job.job_id)[-1] == {"event": "chunk", "n": 1}
-    assert queue.release(job.job_id, 1, 1, attempt=picked.attempt)
+    queue.publish(job.pool, job.job_id, {"event": "chunk", "n": 1})
+    assert queue.events(job.pool, job.job_id)[-1] == {"event": "chunk", "n": 1}
+    assert queue.release(job.pool, job.job_id, 1, 1, attempt=picked.attempt)
     assert queue.check().problems == []

@@ -108,10 +108,13 @@ def test_a_request_admitted_while_the_web_serves_it_is_queued_under_its_id(redis
 
 def test_housekeeping_names_the_jobs_it_reaped_and_expired(monkeypatch, caplog):
     class Queue:
-        def reap_expired_leases(self) -> list[str]:
+        def pools(self) -> list[str]:
+            return ["p"]
+
+        def reap_expired_leases(self, *, pool: str) -> list[str]:
             return ["reaped0a"]
 
-        def expire_waiting(self) -> list[str]:
+        def expire_waiting(self, *, pool: str) -> list[str]:
             return ["expired1b", "expired2c"]
 
         def pools_with_waiting_work(self) -> list[str]:
@@ -119,7 +122,7 @@ def test_housekeeping_names_the_jobs_it_reaped_and_expired(monkeypatch, caplog):
 
     monkeypatch.setattr(tasks, "fair_queue", Queue)
     monkeypatch.setattr(tasks, "sync_engines_if_changed", lambda queue: None)
-    monkeypatch.setattr(tasks, "timeouts_record", lambda queue, expired: None)
+    monkeypatch.setattr(tasks, "timeouts_record", lambda queue, pool, expired: None)
 
     with caplog.at_level(logging.INFO, logger="workers.tasks"):
         tasks.housekeeping()

@@ -135,7 +135,7 @@ def run_job(request_class: str, *, ttft_s: float | None = None) -> str:
     assert job is not None
     assert job.request_class == request_class
     if ttft_s is not None:
-        assert queue.release(job.job_id, 1, 1, last_words=LastWords(ttft_s=ttft_s))
+        assert queue.release(job.pool, job.job_id, 1, 1, last_words=LastWords(ttft_s=ttft_s))
     return job.job_id
 
 
@@ -202,7 +202,7 @@ def test_a_target_unmeasured_for_its_idle_time_has_no_bound_in_force(
     queue = fair_queue()
     # Its controller last measured 31 s ago: past the idle time (30 s), its bound lapses.
     seconds, _ = queue.redis.time()
-    queue.redis.hset(queue.keys.engine("eng-a"), "sampled:interactive", repr(seconds - 31.0))
+    queue.redis.hset(queue.keys.engine("m", "eng-a"), "sampled:interactive", repr(seconds - 31.0))
     samples = scrape()
     labels = {"engine": "eng-a", "class": "interactive"}
     assert value(samples, "gpushare_engine_ttft_target_seconds", **labels) == 0.3

@@ -229,9 +229,9 @@ def test_an_engines_load_is_the_max_of_its_signals_and_reaches_the_fair_queue(
     assert reading.gpu_utilization is None  # a CPU engine: no GPU signal, not a zero
     assert reading.load == pytest.approx(0.75)
     queue = fair_queue()
-    assert float(str(queue.redis.hget(queue.keys.engine(engine.name), "load"))) == pytest.approx(
-        0.75
-    )
+    assert float(
+        str(queue.redis.hget(queue.keys.engine("m", engine.name), "load"))
+    ) == pytest.approx(0.75)
     state = engine_live(live, engine.name)
     assert float(state["requests_running"]) == 2
     assert "gpu_utilization" not in state
@@ -273,7 +273,7 @@ def test_a_gpu_engine_counts_its_gpus_tensor_activity(
     assert (reading.sm_activity, reading.tensor_activity) == (0.77, 0.71)
     assert (reading.load, reading.load_signal) == (pytest.approx(0.71), "tensor_activity")
     queue = fair_queue()
-    policy = queue.redis.hmget(queue.keys.engine(engine.name), ["load_signal", "load_closed"])
+    policy = queue.redis.hmget(queue.keys.engine("m", engine.name), ["load_signal", "load_closed"])
     assert policy == ["tensor_activity", "1"]  # over the 0.4 threshold: the gate is shut
     assert float(engine_live(live, engine.name)["tensor_activity"]) == 0.71
 
@@ -521,8 +521,8 @@ def test_jobs_the_queue_expired_become_timeout_rows_once(live, owner_key: Issued
                         now=1000.0)  # fmt: skip
     expired = queue.expire_waiting(now=1000.0 + 3600)
     assert expired == [job.job_id]
-    assert rejections.timeouts_record(queue, expired, now=1031.5) == 1
-    assert rejections.timeouts_record(queue, expired, now=1040.0) == 1  # written again: no-op
+    assert rejections.timeouts_record(queue, "m", expired, now=1031.5) == 1
+    assert rejections.timeouts_record(queue, "m", expired, now=1040.0) == 1  # written again: no-op
     row = UsageRecord.objects.get()
     assert (row.request_id, row.outcome, row.status_code, row.error_code) == (
         job.job_id, "timeout", 503, "queue_timeout",

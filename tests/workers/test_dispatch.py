@@ -19,7 +19,7 @@ from fairqueue import EnginePolicy, FairQueue, Job, TenantPolicy
 from fairqueue.aio import AsyncFairQueue
 from scheduler.pools.policies import fair_queue
 from telemetry.rejections import unreserved_prompt_tokens
-from tenants.usage_buffer import PENDING_KEY as USAGE_PENDING_KEY
+from tenants.usage_buffer import outbox
 from workers import dispatch as dispatch_module
 from workers import tasks
 from workers.dispatch import Dispatcher
@@ -138,11 +138,11 @@ def test_each_run_is_released_with_its_tokens_answer_and_ledger_row(
 
     assert wait_until(lambda: dispatcher.ran == 3)
     for job_id in ids:
-        job = queue.get_job(job_id)
+        job = queue.get_job(POOL, job_id)
         assert job is not None
         assert job.state == "done"
-        assert queue.events(job_id)[-1]["event"] == "done"
-    rows = [json.loads(row) for row in queue.redis.lrange(USAGE_PENDING_KEY, 0, -1)]
+        assert queue.events(POOL, job_id)[-1]["event"] == "done"
+    rows = [json.loads(row) for row in queue.redis.lrange(outbox(POOL), 0, -1)]
     assert sorted(row["request_id"] for row in rows) == sorted(ids)
     assert {(row["prompt_tokens"], row["completion_tokens"]) for row in rows} == {(10, 5)}
     assert {row["cached_tokens"] for row in rows} == {8}  # the engine's prefix-cache hits
@@ -183,7 +183,7 @@ def test_a_job_cancelled_while_it_runs_is_stopped(queue, engine, dispatcher, sum
     dispatcher.ensure(POOL)
     assert wait_until(lambda: engine.running == 1)
 
-    queue.cancel(job_id, reason="client_gone")
+    queue.cancel(POOL, job_id, reason="client_gone")
 
     assert wait_until(lambda: engine.stopped == [job_id], timeout=5)
     assert wait_until(lambda: dispatcher.ran == 1)
@@ -198,7 +198,7 @@ def test_a_stopping_worker_drains_then_gives_back_what_is_left(queue, engine, di
     dispatcher.stop(drain_s=0.2)
 
     for job_id in ids:
-        job = queue.get_job(job_id)
+        job = queue.get_job(POOL, job_id)
         assert job is not None
         assert job.state == "queued"
         assert job.attempt == 1
@@ -269,7 +269,7 @@ def test_a_job_sent_to_the_engine_holding_its_prefix_leaves_its_seat_to_the_next
     dispatcher.run_soon(lambda d: d.chain(first, POOL))
 
     assert wait_until(lambda: sorted(engine.ran) == sorted([ran.job_id, plain.job_id]))
-    keyed_now = queue.get_job(keyed.job_id)
+    keyed_now = queue.get_job(keyed.pool, keyed.job_id)
     assert keyed_now is not None
     assert (keyed_now.state, keyed_now.engine_id) == ("running", "e2")
     keyed_ends.set()

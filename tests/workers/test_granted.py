@@ -19,7 +19,7 @@ from django.conf import settings as django_settings
 
 from fairqueue import EnginePolicy, FairQueue, TenantPolicy
 from fairqueue.aio import AsyncFairQueue
-from fairqueue.inbox import Inbox, parse_event
+from fairqueue.inbox import Inboxes, parse_event
 from plumbing.aio_redis import AsyncRedis
 from scheduler.engines.aio_client import AsyncEngineClient
 from scheduler.online.granted import Report
@@ -40,7 +40,7 @@ def queue(redis_db) -> FairQueue:
 
 
 def picked(queue: FairQueue, *, stream: bool = True) -> Any:
-    inbox = queue.keys.inbox("test-waiter")
+    inbox = queue.keys.inbox("m", "test-waiter")
     payload = {
         "inbox": inbox, "endpoint": "chat", "stream": stream, "tenant_id": 1, "model": "m",
         "body": {"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
@@ -67,7 +67,7 @@ def run_granted(
     async def main() -> tuple[RunResult, list[dict]]:
         client = AsyncRedis(django_settings.REDIS_URL, max_connections=8, read_timeout_s=30)
         aq = AsyncFairQueue(queue, client)
-        reports = Inbox(client, queue.keys.inbox("test-worker"))
+        reports = Inboxes(client, queue.keys, "test-worker")
         engine = AsyncEngineClient(ENGINE_URL, connect_timeout_s=1, generate_timeout_s=5)
         relay = Relay(aq)
         waiter = asyncio.ensure_future(_act_as_web(aq, job.job_id, web))
@@ -79,7 +79,7 @@ def run_granted(
             waiter.cancel()
             await reports.close()
             await engine.close()
-        entries = await client.call("LRANGE", queue.keys.inbox("test-waiter"), 0, -1)
+        entries = await client.call("LRANGE", queue.keys.inbox("m", "test-waiter"), 0, -1)
         client.close()
         events = [parse_event(entry.partition(b" ")[2]) for entry in entries]
         return result, events
@@ -90,7 +90,7 @@ def run_granted(
 async def _act_as_web(aq: AsyncFairQueue, job_id: str, web: Web | None) -> None:
     if web is None:
         return
-    inbox = aq.keys.inbox("test-waiter")
+    inbox = aq.keys.inbox("m", "test-waiter")
     while True:
         entries = await aq.redis.call("LRANGE", inbox, 0, -1)
         grants = [parse_event(e.partition(b" ")[2]) for e in entries]
@@ -105,8 +105,10 @@ def reporting(report: Report, *, before: Report | None = None) -> Web:
     async def web(aq: AsyncFairQueue, job_id: str, grant: dict[str, Any]) -> None:
         assert grant["url"] == ENGINE_URL
         if before is not None:
-            await aq.answer(job_id, before.dumps(), grant["reply"], keep=False)
-        await aq.answer(job_id, report.dumps(), grant["reply"], keep=report.outcome == "success")
+            await aq.answer("m", job_id, before.dumps(), grant["reply"], keep=False)
+        await aq.answer(
+            "m", job_id, report.dumps(), grant["reply"], keep=report.outcome == "success"
+        )
 
     return web
 
@@ -122,7 +124,7 @@ def test_a_granted_stream_ends_with_the_tokens_its_web_reports(queue: FairQueue)
     assert (result.outcome, result.prompt_tokens, result.completion_tokens) == ("success", 7, 11)
     assert result.first_token_at == first
     assert result.done_event is None
-    kept = queue.get_job(job.job_id)
+    kept = queue.get_job(job.pool, job.job_id)
     assert kept is not None
     assert kept.answered  # for a run that picks it after a dead worker
 
@@ -145,7 +147,7 @@ def test_an_engine_lost_under_the_web_gives_the_job_back(queue: FairQueue) -> No
 
     assert result.outcome == "requeued"
     assert [e["event"] for e in events] == ["grant", "requeued"]
-    requeued = queue.get_job(job.job_id)
+    requeued = queue.get_job(job.pool, job.job_id)
     assert requeued is not None
     assert requeued.state == "queued"
     assert requeued.answered == ""  # its next run calls the engine again
@@ -172,11 +174,11 @@ def test_a_run_its_web_cancelled_first_waits_for_the_web_s_report(queue: FairQue
     run = Run(job)
 
     async def cancels_then_reports(aq: AsyncFairQueue, job_id: str, grant: dict[str, Any]) -> None:
-        await aq.cancel(job_id, reason="client_gone")
+        await aq.cancel("m", job_id, reason="client_gone")
         run.stop("lost")  # as the dispatcher's watch does
         await asyncio.sleep(0.3)
         cut = Report(outcome="cancelled", prompt_tokens=4, completion_tokens=6, cut_short=True)
-        await aq.answer(job_id, cut.dumps(), grant["reply"], keep=False)
+        await aq.answer("m", job_id, cut.dumps(), grant["reply"], keep=False)
 
     result, _ = run_granted(queue, job, cancels_then_reports, run)
     assert (result.outcome, result.prompt_tokens, result.completion_tokens) == ("cancelled", 4, 6)
@@ -195,8 +197,8 @@ def test_a_cut_stream_too_large_is_answered_and_charged(queue: FairQueue) -> Non
 def test_a_job_its_web_already_answered_is_only_released(queue: FairQueue) -> None:
     job = picked(queue)
     answered = Report(prompt_tokens=3, completion_tokens=4).dumps()
-    queue.redis.hset(queue.keys.job(job.job_id), "answered", answered)
-    job = queue.get_job(job.job_id)
+    queue.redis.hset(queue.keys.job(job.pool, job.job_id), "answered", answered)
+    job = queue.get_job(job.pool, job.job_id)
     result, events = run_granted(queue, job, None)
 
     assert events == []  # no grant: the answer was given
@@ -215,7 +217,7 @@ def test_a_silent_web_is_given_up_unless_its_report_is_in_the_job(
 
     async def reports_only_to_the_job(aq: AsyncFairQueue, job_id: str, _: dict[str, Any]) -> None:
         report = Report(prompt_tokens=2, completion_tokens=9).dumps()
-        await aq.answer(job_id, report, "", keep=True)  # its worker's inbox lost
+        await aq.answer("m", job_id, report, "", keep=True)  # its worker's inbox lost
 
     result, _ = run_granted(queue, other, reports_only_to_the_job)
     assert (result.outcome, result.completion_tokens) == ("success", 9)
@@ -235,8 +237,8 @@ def test_a_predicted_grant_tells_its_web_what_the_reservation_covers(queue: Fair
     queue.set_engine_policy(EnginePolicy("e1", "m", 100 * UNIT, 4, reservation="predict"))
     for _ in range(8):  # the tenant's answers: 3 tokens each
         job = picked(queue)
-        assert queue.release(job.job_id, 5, 3)
-    inbox = queue.keys.inbox("test-waiter")
+        assert queue.release(job.pool, job.job_id, 5, 3)
+    inbox = queue.keys.inbox("m", "test-waiter")
     payload = {
         "inbox": inbox, "endpoint": "chat", "stream": True, "tenant_id": 1, "model": "m",
         "body": {"model": "m", "messages": [{"role": "user", "content": "Hi"}]},

@@ -63,7 +63,7 @@ def test_a_running_job_s_lease_outlives_its_length(queue, held):
         job = running(queue, dispatcher)
         time.sleep(2 * LEASE_S)
         assert queue.reap_expired_leases() == []
-        assert queue.job_state(job.job_id) == ("running", 1)
+        assert queue.job_state(job.pool, job.job_id) == ("running", 1)
         finish.set()
         for _ in range(100):
             if ended:
@@ -87,7 +87,7 @@ def test_a_job_reaped_from_under_its_run_is_stopped(queue, held):
             time.sleep(0.02)
         assert ended == ["lost"]
         # Not released by the stale run: its next attempt waits or runs (here, again).
-        state = queue.job_state(job.job_id)
+        state = queue.job_state(job.pool, job.job_id)
         assert state in (("queued", 1), ("running", 2))
     finally:
         dispatcher.stop(drain_s=0)

@@ -149,7 +149,7 @@ def test_a_tenants_queue_quota_holds_its_adapters_units(engine, source, redis_db
     adapter_register(tenant=acme, name="acme-q", base_model="tiny-lora", folder=source)
     queue = fair_queue()
     sync_tenant(acme, queue)
-    quota = int(redis_db.hget(queue.keys.tenant("acme"), "quota_bytes"))
+    quota = int(redis_db.hget(queue.keys.tenant_policy("acme"), "quota_bytes"))
     assert quota == 7 * UNIT_BYTES
 
 

@@ -116,7 +116,7 @@ def finish(queue: FairQueue, job: Job, result: RunResult) -> None:
     request = json.loads(job.payload)
     words = last_words(job, request, result)
     used = (result.prompt_tokens, result.completion_tokens)
-    queue.release(job.job_id, *used, attempt=job.attempt, last_words=words)
+    queue.release(job.pool, job.job_id, *used, attempt=job.attempt, last_words=words)
     settle(job, request, result)
 
 
@@ -177,7 +177,7 @@ def lines_by_state(batch_id: str) -> dict[str, int]:
 
 
 def waiting_jobs(queue: FairQueue) -> int:
-    return queue.redis.zcard(queue.keys.waiting())
+    return queue.redis.zcard(queue.keys.waiting(MODEL))
 
 
 def run_to_the_end(client, batch_id: str, queue: FairQueue, rounds: int = 50) -> dict[str, Any]:
@@ -274,6 +274,7 @@ def test_a_job_run_twice_keeps_the_first_result_only(files_dir, queue, owner_key
     finish(queue, job, first)
     finish(queue, job, second)
     assert not batch_line_finished(
+        pool=MODEL,
         job_id="other",
         request=request,
         response_body={"id": "third"},
@@ -339,7 +340,7 @@ def test_a_job_that_ended_without_its_result_is_fed_again_after_the_grace(
     created = start_batch(bearer_client(owner_key), chat_jsonl(1))
     process(created["id"])
     job = queue.pick(MODEL, MODEL)
-    queue.release(job.job_id, 1, 1, attempt=job.attempt)  # the worker died before writing
+    queue.release(job.pool, job.job_id, 1, 1, attempt=job.attempt)  # the worker died before writing
 
     process(created["id"])
     line = BatchLine.objects.get(batch__public_id=created["id"])
@@ -364,8 +365,8 @@ def test_an_answer_the_database_missed_is_taken_from_the_job_s_events_not_run_ag
     process(created["id"])
     job = queue.pick(MODEL, MODEL)
     answer = answer_for(json.loads(job.payload))
-    queue.publish(job.job_id, {"event": "done", "body": answer, "attempt": job.attempt})
-    queue.release(job.job_id, 5, 1, attempt=job.attempt)
+    queue.publish(job.pool, job.job_id, {"event": "done", "body": answer, "attempt": job.attempt})
+    queue.release(job.pool, job.job_id, 5, 1, attempt=job.attempt)
 
     process(created["id"])  # sees the job ended and starts the grace period
     process(created["id"])
@@ -389,7 +390,7 @@ def test_a_run_that_ends_before_the_feed_that_queued_it_commits_is_not_run_again
     lines = BatchLine.objects.filter(batch__public_id=created["id"])
     lines.update(custom_id="not-committed-yet")  # the run's update finds no such line
     answer = answer_for(request)
-    queue.publish(job.job_id, {"event": "done", "body": answer, "attempt": job.attempt})
+    queue.publish(job.pool, job.job_id, {"event": "done", "body": answer, "attempt": job.attempt})
     finish(queue, job, RunResult(outcome="success", response_body=answer))
     lines.update(custom_id=request["custom_id"])  # the feed commits
 
@@ -544,8 +545,8 @@ def test_an_embeddings_batch_runs_on_embed_engines_only(files_dir, queue, owner_
     Engine.objects.filter(pk=engine.pk).update(task="embed")
     accepted = start_batch(client, content, endpoint="/v1/embeddings")
     process(accepted["id"])
-    (job_id,) = queue.redis.zrange(queue.keys.waiting(), 0, -1)
-    job = queue.get_job(job_id)
+    (job_id,) = queue.redis.zrange(queue.keys.waiting(MODEL), 0, -1)
+    job = queue.get_job(MODEL, job_id)
     assert job is not None
     assert (job.seqs, job.max_tokens) == (2, 0)
     payload = json.loads(job.payload)
@@ -607,7 +608,7 @@ def test_a_batch_of_a_tenant_stopped_by_its_money_budget_fails_before_a_line_run
     clear_cache()
     process(created["id"])  # validated
     process(created["id"])  # fed: stopped at its first line, nothing queued
-    assert queue.redis.zrange(queue.keys.waiting(), 0, -1) == []
+    assert queue.redis.zrange(queue.keys.waiting(MODEL), 0, -1) == []
     done = client.get(f"/v1/batches/{created['id']}").json()
     assert done["status"] == "failed"
     assert done["request_counts"]["completed"] == 0

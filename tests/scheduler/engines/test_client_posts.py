@@ -400,7 +400,8 @@ def _picked_stream(queue: FairQueue) -> Job:
 
 def _events(queue: FairQueue, job: Job) -> list[str]:
     return [
-        json.loads(e)["event"] for e in queue.redis.lrange(queue.keys.events(job.job_id), 0, -1)
+        json.loads(e)["event"]
+        for e in queue.redis.lrange(queue.keys.events(job.pool, job.job_id), 0, -1)
     ]
 
 
@@ -437,6 +438,6 @@ def test_a_stream_without_a_finish_reason_is_an_engine_failure_not_an_answer(
         assert result.outcome == "requeued"
         assert result.done_event is None
         assert _events(queue, job) == ["chunk", "chunk", "requeued"]
-        again = queue.get_job(job.job_id)
+        again = queue.get_job(job.pool, job.job_id)
         assert again is not None
         assert again.state == "queued"

@@ -165,7 +165,7 @@ def test_a_tenants_policy_that_ran_out_is_written_again_only_after_a_save(
     assert written == ["acme", "acme"]
     assert admitted.job.job_id in queued_ids()
     queue = fair_queue()
-    weight = queue.redis.hget(queue.keys.tenant("acme"), "weight")
+    weight = queue.redis.hget(queue.keys.tenant(MODEL, "acme"), "weight")
     assert weight is not None
     assert float(weight) == 3.0
 
@@ -228,7 +228,7 @@ def test_a_request_whose_enqueue_resyncs_the_queue_is_counted_once(bearer, hops)
     tenant_update(tenant=TenantFactory.create(slug="acme"), rpm_limit=2)
     admit(bearer)  # counted once; the caches are warm now
     queue = fair_queue()
-    queue.redis.delete(queue.keys.tenant("acme"))  # Redis lost the tenant's policy
+    queue.redis.delete(queue.keys.tenant(MODEL, "acme"))  # Redis lost the tenant's policy
     hops.clear()
     # Counted on the loop, refused by the queue, resynced from the database in a thread and
     # enqueued again: a second count would be the third of a limit of two, and refused.
@@ -333,7 +333,7 @@ def test_a_client_that_leaves_while_its_job_is_being_queued_leaves_no_job_behind
         await online.background_done()
 
     asyncio.run(leave())
-    job = fair_queue().get_job(job_ids[0])
+    job = fair_queue().get_job(MODEL, job_ids[0])
     assert job is not None
     assert job.state == "cancelled"
     assert job_ids[0] not in queued_ids()
@@ -348,7 +348,7 @@ def test_several_prompts_and_samples_are_reserved_as_that_many_sequences(bearer,
         {"model": MODEL, "prompt": ["one prompt", "another", "a third"], "n": 2, "max_tokens": 8},
     )
     admitted = asyncio.run(online.admit(authorization=bearer, request=request, class_header=""))
-    job = fair_queue().get_job(admitted.job.job_id)
+    job = fair_queue().get_job(admitted.job.pool, admitted.job.job_id)
     assert job is not None
     # The engine counts each prompt: 40 tokens each, one call apiece.
     assert sorted(call["prompt"] for call in tokenizer.calls) == [
@@ -392,7 +392,7 @@ def test_the_end_user_a_request_names_reaches_its_ledger_row_through_the_job(bea
          "user": "customer-42"},
     )  # fmt: skip
     admitted = asyncio.run(online.admit(authorization=bearer, request=request, class_header=""))
-    job = fair_queue().get_job(admitted.job.job_id)
+    job = fair_queue().get_job(admitted.job.pool, admitted.job.job_id)
     assert job is not None
     row = usage_fields(job, json.loads(job.payload), RunResult(outcome="success"))
     assert row["end_user"] == "customer-42"

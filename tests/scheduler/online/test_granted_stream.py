@@ -21,7 +21,7 @@ def test_a_newer_grant_takes_the_report_and_the_other_words_keep_their_order() -
         ):
             words.put_nowait(json.dumps(event).encode())
         grant = {"attempt": 1, "url": "http://e", "reply": "inbox:first"}
-        stream = GrantedStream(None, "j1", "standard", {}, grant, words)  # type: ignore[arg-type]
+        stream = GrantedStream(None, "p", "j1", "standard", {}, grant, words)  # type: ignore[arg-type]
         reply = stream._reply()
         left = [json.loads(words.get_nowait())["event"] for _ in range(words.qsize())]
         return reply, stream.attempt, left

@@ -145,19 +145,25 @@ class StandInEngine:
             attempt = job.attempt
             if stream and self.breaks_streams:
                 chunk = {"choices": [{"index": 0, "delta": {"content": "Hel"}}]}
-                queue.publish(job.job_id, {"event": "chunk", "attempt": attempt, "data": chunk})
-                queue.publish(job.job_id, {"event": "requeued", "reason": "engine_unavailable"})
+                queue.publish(
+                    job.pool, job.job_id, {"event": "chunk", "attempt": attempt, "data": chunk}
+                )
+                queue.publish(
+                    job.pool, job.job_id, {"event": "requeued", "reason": "engine_unavailable"}
+                )
                 continue
             if stream:
                 for word in ("Hel", "lo"):
                     chunk = {"choices": [{"index": 0, "delta": {"content": word}}]}
-                    queue.publish(job.job_id, {"event": "chunk", "attempt": attempt, "data": chunk})
+                    queue.publish(
+                        job.pool, job.job_id, {"event": "chunk", "attempt": attempt, "data": chunk}
+                    )
                 done: dict[str, Any] = {"event": "done", "attempt": attempt}
             else:
                 body = {"object": "chat.completion", "choices": [{"message": {"content": "Hi"}}]}
                 done = {"event": "done", "attempt": attempt, "body": body}
-            queue.release(job.job_id, 1, 2, attempt=attempt)
-            queue.publish(job.job_id, done)
+            queue.release(job.pool, job.job_id, 1, 2, attempt=attempt)
+            queue.publish(job.pool, job.job_id, done)
 
 
 def chat(*, stream: bool = False) -> dict[str, Any]:
@@ -198,7 +204,7 @@ def on_a_loop(guard: LoopGuard, work: Callable[[], Awaitable[Any]]) -> Any:
 
 
 def job_state(job_id: str) -> str | None:
-    job = fair_queue().get_job(job_id)
+    job = fair_queue().get_job(MODEL, job_id)
     return None if job is None else str(job.state)
 
 

@@ -37,7 +37,7 @@ def test_an_engine_is_given_its_queue_per_seat(
 ) -> None:
     settings.GPUSHARE_ENGINE_QUEUED_PER_SEAT = per_seat
     sync_engine(ready_engine(tmp_path, seats))
-    policy = redis_db.hgetall(fair_queue().keys.engine("e1"))
+    policy = redis_db.hgetall(fair_queue().keys.engine("m", "e1"))
     assert int(policy["max_num_seqs"]) == seats
     assert int(policy["queued"]) == queued
 
@@ -52,7 +52,7 @@ def test_an_engine_is_given_its_offline_reserve_and_gate_margin(
     settings.GPUSHARE_OFFLINE_RESERVE_PER_SEAT = per_seat
     settings.GPUSHARE_OFFLINE_GATE_MARGIN = 0.15
     sync_engine(ready_engine(tmp_path, seats))
-    policy = redis_db.hgetall(fair_queue().keys.engine("e1"))
+    policy = redis_db.hgetall(fair_queue().keys.engine("m", "e1"))
     assert int(policy["offline_reserve"]) == reserve
     assert float(policy["offline_gate_margin"]) == 0.15
 

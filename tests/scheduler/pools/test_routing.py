@@ -141,7 +141,7 @@ def test_a_draining_engine_takes_no_new_job_while_its_in_flight_job_finishes(
     assert picks(queue, 3) == ["new"] * 3
     assert supervisor._picked_for(old) == 1  # the drain waits for it
 
-    assert queue.release(running.job_id, 50, 20, attempt=running.attempt)
+    assert queue.release(running.pool, running.job_id, 50, 20, attempt=running.attempt)
     assert supervisor._picked_for(old) == 0
     assert queue.snapshot().engine_reserved_bytes.get("old", 0) == 0
     enqueue(queue)
@@ -175,7 +175,7 @@ def test_stopping_an_engine_takes_it_out_of_the_pool_before_the_drain_waits(
     assert seen["pool"] == ["b"]
     assert seen["picked"] == 1
     assert getattr(seen["next"], "engine_id", None) == "b"
-    assert queue.release(in_flight.job_id, 50, 10, attempt=in_flight.attempt)
+    assert queue.release(in_flight.pool, in_flight.job_id, 50, 10, attempt=in_flight.attempt)
 
 
 def test_a_stopped_engine_stays_out_of_the_pool_if_a_stale_row_put_it_back_meanwhile(

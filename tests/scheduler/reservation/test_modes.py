@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db
 
 
 def engine_fields(redis_db) -> dict[str, str]:
-    return redis_db.hgetall(fair_queue().keys.engine("e1"))
+    return redis_db.hgetall(fair_queue().keys.engine("m", "e1"))
 
 
 def test_engines_predict_by_default_and_a_pool_may_reserve_the_worst_case(

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 
 
 def engine_fields(redis_db) -> dict[str, str]:
-    return redis_db.hgetall(fair_queue().keys.engine("e1"))
+    return redis_db.hgetall(fair_queue().keys.engine("m", "e1"))
 
 
 def test_with_no_targets_set_the_engine_bounds_no_class(redis_db, settings, tmp_path: Path) -> None:
