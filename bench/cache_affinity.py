@@ -64,7 +64,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import redis
-from common import REPO, http_client, jain_index, percentile, stream_request
+from common import REPO, hears_ctrl_c, http_client, jain_index, percentile, stream_request
 from psycopg import sql
 from serve_bench import (
     VENV_PYTHON,
@@ -155,7 +155,7 @@ def started_platform(args: argparse.Namespace, model: Path) -> Iterator[str]:
     with log_path.open("wb") as log:
         run = subprocess.Popen(
             ["bash", "scripts/run.sh"], cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=hears_ctrl_c,
         )  # fmt: skip
     web: subprocess.Popen[bytes] | None = None
     try:

@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import statistics
 import sys
 import tempfile
@@ -36,6 +37,14 @@ from tests.support.harness import Database, Platform, free_port  # noqa: E402
 # Benchmarks flush their Redis database: 13 is theirs (the test suites use 12, 14 and 15).
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/13"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def hears_ctrl_c() -> None:
+    """In a child before it runs run.sh: SIGINT at its default. A bench started in the
+    background of a script (`nohup ... &`) inherits SIGINT ignored, and a shell cannot trap a
+    signal ignored when it starts: run.sh would not hear the SIGINT that stops it, and the
+    bench would wait out its grace before SIGTERM."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 # --- CPU and statistics ------------------------------------------------------------------

@@ -81,6 +81,7 @@ from common import (
     batch_jsonl,
     batch_submit,
     cpu_seconds,
+    hears_ctrl_c,
     jain_index,
     percentile,
     wait_for,
@@ -211,6 +212,7 @@ def started_platform(log_path: Path, timeout_s: float, wait_s: float) -> Iterato
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, to signal as Ctrl-C would
+            preexec_fn=hears_ctrl_c,
         )
     try:
         key = wait_until_serving(run, started, log_path, timeout_s)

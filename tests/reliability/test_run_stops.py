@@ -27,6 +27,11 @@ RUN_REDIS_URL = os.environ.get("GPUSHARE_RUN_REDIS_URL", "redis://127.0.0.1:6379
 STOP_WITHIN_S = 30
 
 
+def signals_at_default() -> None:
+    for sent in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(sent, signal.SIG_DFL)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -85,10 +90,12 @@ def test_make_run_stops_on_a_signal_and_leaves_nothing(tmp_path, sent, to_group)
     }
     log = (tmp_path / "run.log").open("wb")
     platform: set[int] = set()
-    # A terminal's shell starts a job as its own process group, the terminal's foreground.
+    # A terminal's shell starts a job as its own process group, the terminal's foreground,
+    # with the signals at their default whatever its own are (a suite run under nohup, or in
+    # the background of a script, ignores SIGHUP or SIGINT, and run.sh could not trap them).
     run = subprocess.Popen(
         ["bash", "scripts/run.sh"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True,
+        start_new_session=True, preexec_fn=signals_at_default,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 300

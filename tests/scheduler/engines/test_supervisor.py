@@ -90,16 +90,20 @@ def cpu(db: None) -> Device:
     return device_register_cpu(node=NODE, kvcache_gib=2)
 
 
-@pytest.fixture
-def engine(cpu: Device, model_dir: Path, fake_vllm: Path):
-    created = engine_create(
-        name="fake",
+def register(name: str, cpu: Device, model_dir: Path, served: str = "tiny") -> Engine:
+    return engine_create(
+        name=name,
         model_path=str(model_dir),
-        served_model_name="tiny",
+        served_model_name=served,
         footprint_units=4,
         port=free_port(),
         device=cpu,
     )
+
+
+@pytest.fixture
+def engine(cpu: Device, model_dir: Path, fake_vllm: Path):
+    created = register("fake", cpu, model_dir)
     yield created
     created.refresh_from_db()
     if created.pid and process.is_running(created.pid):
@@ -138,14 +142,7 @@ def test_the_cpu_engines_of_a_node_bind_to_cores_of_their_own(
 ) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     assert engine_cpu_cores(engine) == ()  # alone on the node: vLLM's own binding
-    second = engine_create(
-        name="fake-2",
-        model_path=str(model_dir),
-        served_model_name="tiny-2",
-        footprint_units=4,
-        port=free_port(),
-        device=cpu,
-    )
+    second = register("fake-2", cpu, model_dir, served="tiny-2")
     assert engine_cpu_cores(engine) == (0,)  # 4 CPUs, one kept: one each
     assert engine_cpu_cores(second) == (1,)
 
