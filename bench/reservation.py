@@ -456,7 +456,7 @@ class Sampler:
         slugs = self.loops.target.slugs
         pipe = self.fq.pipeline(transaction=False)
         for tenant in TENANTS:
-            pipe.hgetall(KEYS.tenant_usage(slugs[tenant]))
+            pipe.hgetall(KEYS.lease(ENGINE, slugs[tenant]))  # its pool is named as it is
         pipe.hgetall(KEYS.engine_usage(ENGINE, ENGINE))  # its pool is named as it is
         pipe.hgetall(KEYS.engine(ENGINE, ENGINE))
         pipe.hgetall(KEYS.output_predictions(ENGINE))
@@ -644,7 +644,7 @@ async def settle(
         busy = metrics.get("vllm:num_requests_running") + metrics.get("vllm:num_requests_waiting")
         if fq is not None:
             for slug in slugs:
-                busy += float(await fq.hget(KEYS.tenant_usage(slug), "reserved") or 0)
+                busy += float(await fq.hget(KEYS.lease(ENGINE, slug), "held") or 0)
             busy += float(await fq.hget(KEYS.engine_usage(ENGINE, ENGINE), "inflight") or 0)
         if busy == 0:
             return time.perf_counter() - start
@@ -765,8 +765,7 @@ def summarize_cell(
     cell.real_mib = {t: mean_of([r["real_bytes"][t] / MIB for r in rows]) for t in TENANTS}
     if rows and "tenant_use" in rows[0]:
         cell.quota_mib = {
-            t: mean_of([r["tenant_use"][t].get("reserved", 0.0) / MIB for r in rows])
-            for t in TENANTS
+            t: mean_of([r["tenant_use"][t].get("held", 0.0) / MIB for r in rows]) for t in TENANTS
         }
         cell.engine_reserved_mib = mean_of([r["engine_reserved"] / MIB for r in rows])
         cell.kv_budget_mib = mean_of([r["kv_budget"] / MIB for r in rows])

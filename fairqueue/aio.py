@@ -33,15 +33,19 @@ from typing import Any
 import redis
 
 from fairqueue import library
-from fairqueue.domain import DispatchLoop, FairQueueConfig, Job
+from fairqueue.domain import DispatchLoop, FairQueueConfig, Job, LeaseWant
 from fairqueue.keys import Keys
 from fairqueue.queue import (
+    ASK_LEASE,
+    NO_ASK,
     FairQueue,
     LastWords,
     _text,
     pick_answer,
+    picked_job,
     release_args,
     release_pick_answer,
+    starved_entry,
 )
 from plumbing.aio_redis import AsyncRedis
 from plumbing.sentinel import NO_FENCE, Fence, NotReplicated, refused_for_replicas
@@ -117,12 +121,27 @@ class AsyncFairQueue:
                 raise
         # None of them ran: Redis did not know the library (a pipeline's replies are all
         # read before an error is raised, and each call fails alike).
+        await self._load_library()
+        return await self.redis.pipeline(commands, fence=fence)
+
+    async def _load_library(self) -> None:
         try:
             await self.redis.call("FUNCTION", "LOAD", library.library_source())
         except redis.exceptions.ResponseError as error:
             if not library.is_loaded_already(error):
                 raise
-        return await self.redis.pipeline(commands, fence=fence)
+
+    async def _run_keyed(self, name: str, key: str, *args: Any) -> Any:
+        """A quota lease's step (`leases.py`): a function called with the one key it
+        touches, of a tenant's slot or a pool's."""
+        command = ("FCALL", library.function_name(name), 1, key, *args)
+        try:
+            return await self.redis.call(*command)
+        except redis.exceptions.ResponseError as error:
+            if not library.is_missing(error):
+                raise
+        await self._load_library()  # Redis ran nothing: it did not know the function
+        return await self.redis.call(*command)
 
     # --- the web ------------------------------------------------------------------------
 
@@ -162,13 +181,44 @@ class AsyncFairQueue:
     # --- the dispatcher ------------------------------------------------------------------
 
     async def pick(self, pool: str, *, loop: DispatchLoop | None = None) -> Job | None:
+        """`FairQueue.pick` for the pool's engine with the most room."""
+        starting = loop is not None and loop.starting
+        picked = await self._pick(pool, "", loop, ASK_LEASE)
+        if isinstance(picked, LeaseWant):
+            await self.grow_lease(picked)
+            if loop is not None:
+                loop.starting = starting  # it still fans out from this pick
+            return picked_job(await self._pick(pool, picked.engine, loop, NO_ASK))
+        return picked
+
+    async def _pick(
+        self, pool: str, engine_id: str, loop: DispatchLoop | None, ask: str
+    ) -> Job | LeaseWant | None:
+        args = [*self.queue.pick_args(pool, engine_id, loop), ask]
         try:
-            answer = await self._run("pick", pool, *self.queue.pick_args(pool, "", loop))
+            answer = await self._run("pick", pool, *args)
         except NotReplicated as short:
-            if (job := pick_answer(short.answer, loop)) is not None:
-                await self._give_back(job)
+            picked = pick_answer(short.answer, loop, pool)
+            if isinstance(picked, LeaseWant):
+                return picked  # a want decided nothing: it needs no replica
+            if picked is not None:
+                await self._give_back(picked)
             raise
-        return pick_answer(answer, loop)
+        return pick_answer(answer, loop, pool)
+
+    async def grow_lease(self, want: LeaseWant) -> bool:
+        """`FairQueue.grow_lease`, from an event loop."""
+        quota, lease = self.keys.lease_quota(want.tenant), self.keys.lease(want.pool, want.tenant)
+        idle = "1" if want.idle else "0"
+        granted, seq = await self._run_keyed("lease_grant", quota, want.pool, want.want, idle)
+        granted = int(granted)
+        applied = granted > 0 and bool(
+            await self._run_keyed("lease_apply", lease, granted, int(seq))
+        )
+        if not applied or granted < want.need:
+            entry = starved_entry(want.tenant, want.pool)
+            await self.redis.call("SADD", self.keys.lease_starved(), entry)
+        return applied
 
     async def release(
         self,
@@ -195,20 +245,37 @@ class AsyncFairQueue:
             job, prompt_tokens, completion_tokens, pool, "", None, last_words, same_engine=True
         )
         try:
-            return release_pick_answer(await self._run("release_pick", pool, *args), None)
+            answer = await self._run("release_pick", pool, *args)
         except NotReplicated as short:
-            released, picked = release_pick_answer(short.answer, None)
-            if picked is not None:
+            released, picked = release_pick_answer(short.answer, None, pool)
+            if isinstance(picked, Job):
                 await self._give_back(picked)
+            # The release is sent again below; a want is left to the pool's next pick.
         except (redis.ConnectionError, redis.TimeoutError):
             if not self.queue.fence:
                 raise
             released = False  # it may have run: a job it picked is the reaper's
+        else:
+            released, picked = release_pick_answer(answer, None, pool)
+            if not isinstance(picked, LeaseWant):
+                return released, picked
+            return released, await self._pick_after_release(picked)
         released = (
             await self.release(job, prompt_tokens, completion_tokens, last_words=last_words)
             or released
         )
         return released, None
+
+    async def _pick_after_release(self, want: LeaseWant) -> Job | None:
+        """The pick of a worker's turn again, once the lease it wanted was asked for. The
+        release stands whatever happens here: a failure leaves the job queued, for the
+        pool's next pick (or housekeeping's kick)."""
+        try:
+            await self.grow_lease(want)
+            return picked_job(await self._pick(want.pool, want.engine, None, NO_ASK))
+        except redis.RedisError as exc:  # NotReplicated: the pick was given back
+            log.warning("pool %s: no pick after asking for a lease: %s", want.pool, exc)
+            return None
 
     async def requeue(self, job: Job, reason: str) -> bool:
         args = self.queue.requeue_args(job.job_id, job.attempt, reason)

@@ -274,6 +274,32 @@ class Job:
 
 
 @dataclass(frozen=True)
+class LeaseWant:
+    """A pick's answer where the tenant's quota lease in the pool alone holds its fairest
+    job back (lua/lib.lua pick_on): ask the tenant's slot for `want` bytes (quota + burst
+    where `idle`: the pool has idle capacity), of which `need` admit the job, then pick again
+    for `engine` ('' = any)."""
+
+    tenant: str
+    pool: str
+    idle: bool
+    want: int
+    need: int
+    engine: str = ""
+
+    @classmethod
+    def from_fields(cls, pool: str, fields: Mapping[str, Any]) -> "LeaseWant":
+        return cls(
+            tenant=str(fields["tenant"]),
+            pool=pool,
+            idle=bool(int(fields.get("idle") or 0)),
+            want=int(fields["want"]),
+            need=int(fields["need"]),
+            engine=str(fields.get("engine") or ""),
+        )
+
+
+@dataclass(frozen=True)
 class CheckReport:
     """Reserved totals against what the in-flight jobs hold; `problems` empty = no drift."""
 

@@ -5,10 +5,9 @@ functions mirror these one for one; `tests/fairqueue/test_lifecycle.py` checks t
 agree). Every key a pool's decisions touch carries the pool's Redis Cluster hash tag,
 ``{p:<pool>}``, so that a decision touches one hash slot: each function call declares the
 tag's prefix (`Keys.pool_tag`) as its one key, which a cluster routes it by
-(docs/decisions/0018-keys-under-the-pools-hash-tag.md). One key of another slot is left:
-``tenant:{tenant}:use``, the tenant's quota in use, shared by the pools, which the pick, the
-release and what frees a running job still touch until the quota leases (`leases.py`) take
-its place there; those calls cannot run on a cluster meanwhile.
+(docs/decisions/0018-keys-under-the-pools-hash-tag.md). A tenant's quota spans the pools:
+it is leased to them (`leases.py`), and a pool's decisions count what the tenant's jobs hold
+there against its lease in the pool's slot, ``{p}lease:<tenant>``.
 
 Layout (prefix defaults to ``gs:fq:``; ``{p}`` is the pool's tag, ``{p:<pool>}:``):
 
@@ -33,8 +32,6 @@ key                                    type     holds
 ``{p}tenant:{tenant}``                 hash     the pool's copy of the tenant's policy: weight,
                                                 quota_bytes, burst_bytes
 ``tenant:{tenant}``                    hash     the tenant's policy the copies are made from
-``tenant:{tenant}:use``                hash     reserved (bytes held by in-flight jobs, all
-                                                pools together): the one key of another slot
 ``tenants``                            set      tenants that have a policy
 ``{p}engine:{engine_id}``              hash     policy: pool, kv_budget_bytes, max_num_seqs,
                                                 queued, offline_load_threshold,
@@ -71,7 +68,11 @@ key                                    type     holds
                                                 there) and seq:{pool} (its latest grant's number)
 ``{p}lease:<tenant>``                  hash     the tenant's lease in the pool: leased, held
                                                 (by its jobs there), seq (the latest grant
-                                                applied or fenced)
+                                                applied or fenced), asked_at (when a pick
+                                                last asked for more, until the lease changes)
+``lease:starved``                      set      '<tenant> <pool>' where a pool asked for the
+                                                tenant's quota and got too little: housekeeping
+                                                brings the tenant's unused leases back
 =====================================  =======  ===================================================
 
 The indexes (``pools``, ``engines``, ``tenants``) and the policies the copies are made from are
@@ -151,9 +152,6 @@ class Keys:
         """The pool's copy of the tenant's policy, which the pool's decisions read."""
         return f"{self.pool_tag(pool)}tenant:{tenant}"
 
-    def tenant_usage(self, tenant: str) -> str:
-        return f"{self.prefix}tenant:{tenant}:use"
-
     def tenants(self) -> str:
         return f"{self.prefix}tenants"
 
@@ -205,6 +203,10 @@ class Keys:
     def lease_quota(self, tenant: str) -> str:
         """The tenant's slot of the quota leases: its quota, burst and leases per pool."""
         return f"{self.prefix}{{t:{tenant}}}:quota"
+
+    def lease_starved(self) -> str:
+        """Where pools asked for a tenant's quota and got too little ('<tenant> <pool>')."""
+        return f"{self.prefix}lease:starved"
 
     def lease(self, pool: str, tenant: str) -> str:
         """The tenant's lease in the pool's slot: leased, held, the latest grant's number."""

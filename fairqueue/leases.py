@@ -9,8 +9,10 @@ reference, `leases_model.py`, which `tests/fairqueue/test_leases.py` holds these
 to step by step, on one Redis and on a cluster.
 
 The client is redis-py's: `redis.Redis`, or `redis.cluster.RedisCluster` (which loads a
-library on every primary). The steps are not wired into the pick and the release yet: the
-pool's keys keep their single-Redis layout until the fair queue moves to the cluster.
+library on every primary). The fair queue's pick admits against the lease in the pool's slot
+(lua/lib.lua pick_on); `FairQueue` asks for a lease where a pick says one holds a job back
+(`grant` and `apply`), gives back what the pools of a starved tenant lease beyond what their
+jobs hold (`give_back_unused`), and writes the tenant's quota here with its policy.
 """
 
 from __future__ import annotations
@@ -141,6 +143,17 @@ class Leases:
         return PoolLease(*(int(fields.get(name, 0)) for name in ("leased", "held", "seq")))
 
     # --- both -------------------------------------------------------------------------------
+
+    def give_back_unused(self, tenant: str) -> dict[str, int]:
+        """Every pool leased to gives back what it leases beyond what the tenant's jobs hold
+        there, and the tenant's slot counts it back (a shrink, then a reconciliation's fence
+        and settle, pool by pool), so a pool that asks next is granted it. Returns the bytes
+        counted leased per pool."""
+        counted: dict[str, int] = {}
+        for pool, seq in sorted(self.sequences(tenant).items()):
+            self.shrink(pool, tenant)
+            counted[pool] = self.settle(self.fence(pool, tenant, seq))
+        return counted
 
     def reconcile(self, tenant: str) -> dict[str, int]:
         """The tenant's slot counts what its pools lease: one call in its slot, then a fence

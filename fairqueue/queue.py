@@ -74,17 +74,19 @@ from fairqueue.domain import (
     FairQueueConfig,
     Job,
     JobRejected,
+    LeaseWant,
     QueueRow,
     Snapshot,
     TenantPolicy,
 )
 from fairqueue.inbox import chunk_entry, event_entry
 from fairqueue.keys import Keys, check_id, check_tag
+from fairqueue.leases import Leases
 from fairqueue.reservations import EngineReservation, engine_reservation
 from fairqueue.seats import EngineSeats, engine_seats
 from plumbing import wire
 from plumbing.raw_redis import RawRedis
-from plumbing.sentinel import NO_FENCE, Fence
+from plumbing.sentinel import NO_FENCE, Fence, NotReplicated
 from protocol.classes import REQUEST_CLASSES
 
 # An idle loop's wait is cut in slices this long at most (and at most half its registration).
@@ -103,8 +105,14 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _job_from_json(answer: Any, loop: DispatchLoop | None = None) -> Job:
+# A pick's last argument (lua/pick.lua): whether it may ask for a tenant's lease.
+ASK_LEASE, NO_ASK = "1", ""
+
+
+def _job_from_json(answer: Any, loop: DispatchLoop | None, pool: str) -> Job | LeaseWant:
     fields = wire.loads(answer)
+    if "want" in fields:
+        return LeaseWant.from_fields(pool, fields["want"])
     if loop is not None:
         loop.summon_next = bool(fields.get("summon"))
     return Job.from_hash(fields["job_id"], fields)
@@ -144,13 +152,28 @@ def release_args(
     return [job_id, prompt_tokens, completion_tokens, stamp, *(last_words or NO_LAST_WORDS).args()]
 
 
-def pick_answer(answer: Any, loop: DispatchLoop | None) -> Job | None:
-    return _job_from_json(answer, loop) if answer else None
+def pick_answer(answer: Any, loop: DispatchLoop | None, pool: str) -> Job | LeaseWant | None:
+    """A pick's job, None, or (a pick that may ask) what a tenant's lease should grow by."""
+    return _job_from_json(answer, loop, pool) if answer else None
 
 
-def release_pick_answer(answer: Any, loop: DispatchLoop | None) -> tuple[bool, Job | None]:
+def release_pick_answer(
+    answer: Any, loop: DispatchLoop | None, pool: str
+) -> tuple[bool, Job | LeaseWant | None]:
     released, picked = answer
-    return bool(released), pick_answer(picked, loop)
+    return bool(released), pick_answer(picked, loop, pool)
+
+
+def picked_job(picked: Job | LeaseWant | None) -> Job | None:
+    """The answer of a pick that may not ask for a lease: a job or None."""
+    if isinstance(picked, LeaseWant):
+        raise TypeError(f"a pick that may not ask asked for a lease: {picked}")
+    return picked
+
+
+def starved_entry(tenant: str, pool: str) -> str:
+    """A member of `Keys.lease_starved` (tenant ids hold no spaces)."""
+    return f"{tenant} {pool}"
 
 
 class FairQueue:
@@ -162,6 +185,7 @@ class FairQueue:
         # where the client's kind of connection allows (raw_redis.py beside this file).
         self._raw = RawRedis.like(client)
         self.fence = Fence(self.config.replicas_ack, self.config.replicas_ack_timeout_ms)
+        self.leases = Leases(client, self.config.prefix)
 
     # --- policies (written by the platform from its database) ----------------------------
 
@@ -175,12 +199,19 @@ class FairQueue:
             "quota_bytes": policy.quota_bytes,
             "burst_bytes": policy.burst_bytes,
         }
+        was = self.leases.tenant_slot(tenant)
         pipe = self.redis.pipeline()
         pipe.hset(self.keys.tenant_policy(tenant), mapping=fields)
         for pool in self.pools():
             pipe.hset(self.keys.tenant(pool, tenant), mapping=fields)
         pipe.sadd(self.keys.tenants(), tenant)
         pipe.execute()
+        # The tenant's slot of the quota leases: a pool is leased what it asks for within it.
+        # A lowered quota or burst takes back what the pools lease beyond what they hold (a
+        # pool's picks count against its copy of the policy at once, and its lease).
+        self.leases.set_policy(tenant, policy.quota_bytes, policy.burst_bytes)
+        if policy.quota_bytes < was.quota or policy.burst_bytes < was.burst:
+            self.leases.give_back_unused(tenant)
 
     def pools(self) -> list[str]:
         """The pools that ever had an engine, by name."""
@@ -494,9 +525,68 @@ class FairQueue:
         """The fairest admissible job of `pool`, reserved and leased to the caller, or None
         when nothing may run now. For `engine_id`, or (empty) for the pool's engine with the
         most free KV (ties: fewest in flight) that can run one. A dispatch `loop` that gets
-        None is registered idle: it waits for work with `wait_for_work`."""
+        None is registered idle: it waits for work with `wait_for_work`. Where a tenant's
+        lease in the pool holds its fairest job back, the lease is asked for and the pick
+        made again (`grow_lease`)."""
+        starting = loop is not None and loop.starting
         args = self.pick_args(pool, engine_id, loop)
-        return pick_answer(self._run("pick", pool, *args, now=now), loop)
+        try:
+            answer = self._run("pick", pool, *args, ASK_LEASE, now=now)
+        except NotReplicated as short:  # a want decided nothing: it needs no replica
+            if not isinstance(pick_answer(short.answer, loop, pool), LeaseWant):
+                raise
+            answer = short.answer
+        picked = pick_answer(answer, loop, pool)
+        if not isinstance(picked, LeaseWant):
+            return picked
+        return self.pick_after_asking(picked, loop=loop, starting=starting, now=now)
+
+    def pick_after_asking(
+        self,
+        want: LeaseWant,
+        *,
+        loop: DispatchLoop | None = None,
+        starting: bool = False,
+        now: float | None = None,
+    ) -> Job | None:
+        """The pick again once the lease a pick wanted was asked for (`grow_lease`): it
+        passes over a head job the lease still holds back. A loop `starting` still fans out
+        from this pick."""
+        self.grow_lease(want)
+        if loop is not None:
+            loop.starting = starting
+        args = self.pick_args(want.pool, want.engine, loop)
+        answer = self._run("pick", want.pool, *args, NO_ASK, now=now)
+        return picked_job(pick_answer(answer, loop, want.pool))
+
+    def grow_lease(self, want: LeaseWant) -> bool:
+        """Asks the tenant's slot for the lease a pick wanted and applies the grant in the
+        pool (two calls, one per slot). A pool granted less than the job needs is recorded
+        starved: housekeeping then brings the tenant's unused leases back from its other
+        pools (`rebalance_leases`). Returns whether a grant was applied."""
+        grant = self.leases.grant(want.tenant, want.pool, want.want, idle=want.idle)
+        applied = self.leases.apply(grant)
+        if not applied or grant.granted < want.need:
+            self.redis.sadd(self.keys.lease_starved(), starved_entry(want.tenant, want.pool))
+        return applied
+
+    def rebalance_leases(self) -> list[str]:
+        """Housekeeping's turn for the tenants a pool asked for and got too little: each
+        of their pools gives back what it leases beyond what their jobs hold there, so the
+        pool's next ask is granted it; that pool may ask again at once. Returns the pools
+        that asked (housekeeping kicks those with waiting work)."""
+        starved = self.keys.lease_starved()
+        entries = sorted(_text(e) for e in self.redis.smembers(starved))
+        if entries:
+            self.redis.srem(starved, *entries)  # first: a pool that asks again is recorded
+        pools: set[str] = set()
+        for tenant in sorted({entry.split(" ", 1)[0] for entry in entries}):
+            self.leases.give_back_unused(tenant)
+        for entry in entries:
+            tenant, pool = entry.split(" ", 1)
+            self.redis.hdel(self.keys.lease(pool, tenant), "asked_at")
+            pools.add(pool)
+        return sorted(pools)
 
     def release(
         self,
@@ -537,7 +627,11 @@ class FairQueue:
             job, prompt_tokens, completion_tokens, pool, engine_id, loop, last_words,
             same_engine,
         )  # fmt: skip
-        return release_pick_answer(self._run("release_pick", pool, *args, now=now), loop)
+        answer = self._run("release_pick", pool, *args, now=now)
+        released, picked = release_pick_answer(answer, loop, pool)
+        if isinstance(picked, LeaseWant):
+            return released, self.pick_after_asking(picked, loop=loop, now=now)
+        return released, picked
 
     def release_pick_args(
         self,
@@ -760,78 +854,38 @@ class FairQueue:
         return Job.from_hash(job_id, fields) if fields else None
 
     def check(self, repair: bool = False) -> CheckReport:
-        """Each pool's reserved totals against its in-flight jobs (`lua/check.lua`, a pool at
-        a time), then each tenant's quota in use against what its jobs hold in every pool
-        (`_check_tenants`). `repair` sets the totals to what the jobs hold."""
+        """Each pool's reserved totals and its tenants' leases' `held` against its in-flight
+        jobs (`lua/check.lua`, a pool at a time: each pool's count is exact in itself).
+        `repair` sets the totals to what the jobs hold. A tenant's figures are its pools'
+        together."""
+        tenants = sorted(_text(t) for t in self.redis.smembers(self.keys.tenants()))
+        held: dict[str, tuple[int, int]] = dict.fromkeys(tenants, (0, 0))
         engines: dict[str, tuple[int, int, int, int]] = {}
         problems: list[str] = []
         for pool in self.pools():
-            raw = self._check_pool(pool, repair)
+            raw = self._check_pool(pool, repair, tenants)
             engines.update(
                 {e: (int(v[0]), int(v[1]), int(v[2]), int(v[3])) for e, v in raw["engines"].items()}
             )
+            for tenant, (recorded, expected) in raw["tenants"].items():
+                was = held.get(tenant, (0, 0))
+                held[tenant] = (was[0] + int(recorded), was[1] + int(expected))
             problems += raw["problems"]
-        tenants = self._check_tenants(repair)
-        problems += [
-            f"tenant {t}: reserved {recorded} bytes, in-flight jobs hold {expected}"
-            for t, (recorded, expected) in sorted(tenants.items())
-            if recorded != expected
-        ]
         return CheckReport(
-            tenant_reserved=tenants,
+            tenant_reserved=held,
             engine_reserved=engines,
             problems=problems,
             repaired=repair and bool(problems),
         )
 
-    def _check_pool(self, pool: str, repair: bool) -> dict[str, Any]:
-        raw = json.loads(_text(self._run("check", pool, pool, "1" if repair else "0")))
+    def _check_pool(self, pool: str, repair: bool, tenants: list[str]) -> dict[str, Any]:
+        flag = "1" if repair else "0"
+        raw = json.loads(_text(self._run("check", pool, pool, flag, *tenants)))
         # cjson encodes an empty Lua table as an object, so an empty list may arrive as {}.
         return {
             name: raw[name] if isinstance(raw[name], kind) else kind()
-            for name, kind in (("held", dict), ("engines", dict), ("problems", list))
+            for name, kind in (("tenants", dict), ("engines", dict), ("problems", list))
         }
-
-    def _check_tenants(self, repair: bool) -> dict[str, tuple[int, int]]:
-        """Each tenant's quota in use, (recorded, what its in-flight jobs hold in every
-        pool), repaired where they differ with `repair`. The quota in use spans the pools'
-        slots: it is counted under WATCH of it and of every pool's in-flight index, and
-        written only if neither moved meanwhile (else counted again)."""
-        extra: set[str] = set()  # tenants with jobs in flight but no policy
-        while True:
-            with self.redis.pipeline() as pipe:
-                try:
-                    pools = self.pools()
-                    tenants = {_text(t) for t in self.redis.smembers(self.keys.tenants())}
-                    names = sorted(tenants | extra)
-                    if not pools and not names:
-                        return {}
-                    pipe.watch(
-                        *(self.keys.inflight(p) for p in pools),
-                        *(self.keys.tenant_usage(t) for t in names),
-                    )
-                    held: dict[str, int] = {}
-                    for pool in pools:
-                        for tenant, amount in self._check_pool(pool, False)["held"].items():
-                            held[tenant] = held.get(tenant, 0) + int(amount)
-                    if not set(held) <= set(names):
-                        extra |= set(held)
-                        continue  # those tenants' totals are watched too, from the start
-                    recorded = {
-                        t: int(pipe.hget(self.keys.tenant_usage(t), "reserved") or 0) for t in names
-                    }
-                    report = {t: (recorded[t], held.get(t, 0)) for t in names}
-                    drift = {
-                        t: expected for t, (was, expected) in report.items() if was != expected
-                    }
-                    # EXEC, empty unless repairing: the count stands only if nothing moved.
-                    pipe.multi()
-                    for tenant, amount in drift.items() if repair else ():
-                        pipe.hset(self.keys.tenant_usage(tenant), "reserved", amount)
-                    pipe.execute()
-                    return report
-                except redis.WatchError:
-                    continue
 
     def pools_with_waiting_work(self) -> list[str]:
         """The pools where some tenant has a job waiting (in two round trips, whatever the
@@ -942,9 +996,7 @@ class FairQueue:
         engine_use = [self._hash(self.keys.engine_usage(p, e)) for p, e in pool_engines]
         return Snapshot(
             queues=rows,
-            tenant_reserved_bytes={
-                t: int(self.redis.hget(self.keys.tenant_usage(t), "reserved") or 0) for t in tenants
-            },
+            tenant_reserved_bytes=self.tenant_held_bytes(tenants),
             engine_reserved_bytes={
                 e: int(use.get("reserved", 0)) for e, use in zip(engines, engine_use, strict=True)
             },
@@ -955,6 +1007,17 @@ class FairQueue:
                 e: int(use.get("offline", 0)) for e, use in zip(engines, engine_use, strict=True)
             },
         )
+
+    def tenant_held_bytes(self, tenants: list[str]) -> dict[str, int]:
+        """The bytes of their quota the tenants' running jobs hold, their pools' leases'
+        `held` together (one round trip past the pools' names)."""
+        pools = self.pools()
+        pipe = self.redis.pipeline(transaction=False)
+        for tenant in tenants:
+            for pool in pools:
+                pipe.hget(self.keys.lease(pool, tenant), "held")
+        values = iter(pipe.execute())
+        return {t: sum(int(next(values) or 0) for _ in pools) for t in tenants}
 
     def _running_counts(self, pool: str) -> dict[tuple[str, str, str], int]:
         counts: dict[tuple[str, str, str], int] = {}

@@ -38,7 +38,8 @@ def flush_usage() -> int:
 @shared_task(name="workers.housekeeping")
 def housekeeping() -> dict[str, int | None]:
     """Every few seconds: engines' policies to the queue, dead leases back to their queues,
-    waiting jobs past their class's timeout answered, pools with waiting work kicked (an
+    waiting jobs past their class's timeout answered, unused quota leases back from the
+    pools of tenants another pool asked for in vain, pools with waiting work kicked (an
     idle loop woken, or one summoned)."""
     queue = fair_queue()
     ready = sync_engines_if_changed(queue)  # None: no engine changed, nothing to copy
@@ -49,6 +50,9 @@ def housekeeping() -> dict[str, int | None]:
         timed_out = queue.expire_waiting(pool=pool)
         timeouts_record(queue, pool, timed_out)  # their waiters are told; the ledger must know
         expired += timed_out
+    # Tenants a pool asked for and got too little: their other pools' unused leases come
+    # back first, so the kick below finds them grantable.
+    rebalanced = queue.rebalance_leases()
     kicked = 0
     for pool in queue.pools_with_waiting_work():
         if queue.kick(pool):  # no loop was idle to wake: a message starts one
@@ -64,4 +68,5 @@ def housekeeping() -> dict[str, int | None]:
         "reaped": len(reaped),
         "expired": len(expired),
         "kicked": kicked,
+        "rebalanced": len(rebalanced),
     }

@@ -1,11 +1,12 @@
 -- Compare a pool's reserved totals with its in-flight jobs, atomically (nothing moves in the
 -- pool while it counts). ARGV[4]: the pool, ARGV[5]: '1' to repair (set the engines' totals
--- to what the in-flight jobs hold, and the backlogs to the queues).
--- Returns JSON: {held: {t: bytes the tenant's in-flight jobs hold of its quota here},
--- engines: {e: [recorded bytes, expected bytes, recorded inflight, expected inflight]},
--- problems: [text]}. The tenants' quota in use spans the pools: the caller adds up `held`
--- over them (FairQueue.check). In flight counts seats (sequences), as `seats` does; the seats
--- standard and offline jobs hold (the seat bounds count them) are checked (and repaired) too.
+-- and the tenants' leases' `held` to what the in-flight jobs hold, and the backlogs to the
+-- queues), ARGV[6..]: the tenants whose leases are checked (with those of the jobs found).
+-- Returns JSON: {tenants: {t: [bytes its lease here records held, bytes its in-flight jobs
+-- here hold]}, engines: {e: [recorded bytes, expected bytes, recorded inflight, expected
+-- inflight]}, problems: [text]}. In flight counts seats (sequences), as `seats` does; the
+-- seats standard and offline jobs hold (the seat bounds count them) are checked (and
+-- repaired) too.
 local pool, repair = ARGV[4], ARGV[5] == '1'
 local tenant_bytes, engine_bytes, engine_jobs = {}, {}, {}
 local engine_class = {standard = {}, offline = {}}
@@ -63,6 +64,19 @@ for _, cls in ipairs(CLASSES) do
     end
   end
 end
-local report = {held = tenant_bytes, engines = engine_report, problems = problems}
+local tenants = {}
+for i = 6, #ARGV do tenants[ARGV[i]] = true end
+for t in pairs(tenant_bytes) do tenants[t] = true end
+local tenant_report = {}
+for t in pairs(tenants) do
+  local recorded, expected = num(redis.call('HGET', k_lease(t), 'held')), tenant_bytes[t] or 0
+  tenant_report[t] = {recorded, expected}
+  if recorded ~= expected then
+    table.insert(problems, string.format('tenant %s: its lease in pool %s records %d bytes held, in-flight jobs hold %d',
+      t, pool, recorded, expected))
+    if repair then redis.call('HSET', k_lease(t), 'held', int(expected)) end
+  end
+end
+local report = {tenants = tenant_report, engines = engine_report, problems = problems}
 -- cjson turns an empty table into {}; the Python side reads an empty problems object as none.
 return cjson.encode(report)

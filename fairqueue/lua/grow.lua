@@ -1,7 +1,7 @@
 -- A running job generated past what its reservation covers (covered_tokens): its
 -- reservation grows to cover as many tokens again (its worst case at most), on its engine
--- and, for a job whose growth is counted (`observed`), of its tenant's quota. A growth is
--- not checked against the engine's room nor the tenant's quota: the job runs already (only
+-- and, for a job whose growth is counted (`observed`), of its tenant's lease in the pool. A
+-- growth is not checked against the engine's room nor the lease: the job runs already (only
 -- the engine could stop it), and both hold the next picks back until they have room again.
 -- ARGV[4..]: job_id, attempt, tokens (generated so far, its sequences together).
 -- Returns the tokens the reservation covers now (-1: its worst case, it never grows again),
@@ -21,7 +21,7 @@ if grown <= reserved then return covered end
 local fields = {'reserved', int(grown)}
 redis.call('HINCRBY', k_engine_use(job.engine), 'reserved', int(grown - reserved))
 if job.observed == '1' then
-  redis.call('HINCRBY', k_tenant_use(job.tenant), 'reserved', int(grown - reserved))
+  redis.call('HINCRBY', k_lease(job.tenant), 'held', int(grown - reserved))
   table.insert(fields, 'held')
   table.insert(fields, int(held_bytes(job) + grown - reserved))
 end

@@ -7,4 +7,5 @@ local granted, seq = tonumber(ARGV[1]), tonumber(ARGV[2])
 if granted <= 0 or seq <= num(redis.call('HGET', KEYS[1], 'seq')) then return 0 end
 redis.call('HINCRBY', KEYS[1], 'leased', int(granted))
 redis.call('HSET', KEYS[1], 'seq', int(seq))
+redis.call('HDEL', KEYS[1], 'asked_at')  -- a pick may ask again (lib.lua pick_on)
 return 1

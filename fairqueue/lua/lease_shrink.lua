@@ -9,5 +9,6 @@ local given = math.max(0, leased - held - math.max(0, tonumber(ARGV[1])))
 if given > 0 then
   leased = leased - given
   redis.call('HSET', KEYS[1], 'leased', int(leased))
+  redis.call('HDEL', KEYS[1], 'asked_at')  -- a pick may ask again (lib.lua pick_on)
 end
 return {given, leased, num(lease[3])}

@@ -3,8 +3,8 @@
 -- arguments and then its file's body). Redis runs the library's top level once, when it is
 -- loaded, and a call only its own function: the helpers below are not made again per call.
 -- A call's one key, KEYS[1], is its pool's tag prefix (`<prefix>{p:<pool>}:`, keys.py
--- `Keys.pool_tag`): every key it touches but the tenants' quota in use (k_tenant_use) is of
--- that slot, and a cluster routes the call by it. ARGV[1] is the key prefix, ARGV[2] the
+-- `Keys.pool_tag`): every key it touches is of that slot, and a cluster routes the call by
+-- it. ARGV[1] is the key prefix, ARGV[2] the
 -- current time (seconds; empty: Redis's own clock), ARGV[3] the time to keep a finished job
 -- and its event list (seconds). Script arguments start at ARGV[4]. Key names mirror keys.py
 -- one for one.
@@ -55,9 +55,11 @@ local function k_counters(pool, cls) return tag(pool) .. 'vtc:' .. cls end
 local function k_seated(pool, cls) return tag(pool) .. 'vtcseated:' .. cls end
 local function k_clock(pool) return tag(pool) .. 'cvt' end
 local function k_tenant(t) return T .. 'tenant:' .. t end
--- The tenant's quota in use, shared by the pools: the one key of another slot a call touches
--- (the pick, the release, the grow, and what frees a running job).
-local function k_tenant_use(t) return P .. 'tenant:' .. t .. ':use' end
+-- The tenant's quota lease in the pool (leases.py): `leased` (bytes of its quota the pool
+-- may hold), `held` (what its running jobs here hold), `seq` (the latest grant applied or
+-- fenced), `asked_at` (when a pick last asked for more, until the lease changes: see
+-- pick_on).
+local function k_lease(t) return T .. 'lease:' .. t end
 local function k_engine(e) return T .. 'engine:' .. e end
 local function k_engine_use(e) return T .. 'engine:' .. e .. ':use' end
 local function k_engine_ttfts(e, cls) return T .. 'engine:' .. e .. ':ttft:' .. cls end
@@ -279,12 +281,12 @@ local function held_bytes(job)
   return num(job.reserved)
 end
 
--- Gives back everything a running job holds: its bytes on the tenant and the engine, its
+-- Gives back everything a running job holds: its bytes of its tenant's lease and on the engine, its
 -- seats on the engine (a standard or offline job's are also counted apart, in `standard` or
 -- `offline`: the seat bounds count them), its lease.
 local function give_back(job_id, job)
   local reserved = num(job.reserved)
-  redis.call('HINCRBY', k_tenant_use(job.tenant), 'reserved', int(-held_bytes(job)))
+  redis.call('HINCRBY', k_lease(job.tenant), 'held', int(-held_bytes(job)))
   redis.call('HINCRBY', k_engine_use(job.engine), 'reserved', int(-reserved))
   redis.call('HINCRBY', k_engine_use(job.engine), 'inflight', -seats(job))
   if job.cls ~= 'interactive' then
@@ -583,12 +585,23 @@ local AFFINITY_SCAN = 8
 -- within quota + burst) lets a tenant borrow its burst: the engine then has idle capacity,
 -- meaning room for the job and no waiting job of the pool that it could run within its
 -- tenant's quota.
+-- The quota a tenant's jobs hold here is bounded by its lease in the pool too (k_lease; the
+-- tenant's quota is leased to the pools it uses: leases.py, docs/proposals/0001): a job is
+-- admitted while what the tenant's jobs hold here with it stays within the lease as well as
+-- within quota (quota + burst in pass 2). Where the lease alone holds the fairest head job
+-- back, a pick that may `ask` stops there and returns what the tenant's lease should grow
+-- by (`wanted`): its caller asks the tenant's slot for it and picks again, without asking
+-- (pick.lua), so the fair order holds across the grant. Where a request was not answered
+-- (the lease did not change since), a pool asks again for the tenant LEASE_ASK_S after it;
+-- in between, and in a pick that may not ask, such a head job is passed over like one over
+-- quota.
 -- The job may run on another engine of the pool than the one it was picked for, the one
 -- that holds its prefix (affinity_engine): its hash's `engine` says where.
 -- Returns the job id and its hash as a table (as HGETALL would give it), nil when nothing
--- may run there now, or nil and an error reply.
+-- may run there now, nil and an error reply, or nil, nil and what a lease should grow by.
 -- `engine` and `usage` are the engine's hashes when the caller has read them already.
-local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
+local LEASE_ASK_S = 1
+local function pick_on(engine_id, pool, lease_s, weights, ask, engine, usage)
   engine = engine or hgetall(k_engine(engine_id))
   -- An engine's hash is in its pool's slot: one of another pool, or none, is not found here.
   if not engine.pool then
@@ -619,22 +632,40 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
   end)
 
   -- Whether admission lets `job`, the head of `tenant`'s queue, run here: its cost within
-  -- the engine's free KV and its tenant's quota (or quota + burst, with `allow_burst`)
-  -- holding it. Returns its tenant's weight, its expected output and what admitted it (for
-  -- affinity_engine), and sets its reservation; else nil and whether it would fit with burst.
+  -- the engine's free KV, and its tenant's quota (or quota + burst, with `allow_burst`) and
+  -- lease in the pool holding it. Returns its tenant's weight, its expected output and what
+  -- admitted it (for affinity_engine), and sets its reservation; else nil and whether it
+  -- would fit with burst. Where the lease alone holds it back and the pick may ask, sets
+  -- `wanted`.
+  local wanted
   local function admit(tenant, job, allow_burst)
     local policy = redis.call('HMGET', k_tenant(tenant), 'quota_bytes', 'burst_bytes', 'weight')
     local quota = num(policy[1])
     local ceiling = quota + num(policy[2])
     local cost, quota_cost, out = job_cost(engine, job, ceiling)
     if cost > free_bytes then return nil, false end
-    local before = num(redis.call('HGET', k_tenant_use(tenant), 'reserved'))
+    local lease = redis.call('HMGET', k_lease(tenant), 'leased', 'held', 'asked_at')
+    local leased, before = num(lease[1]), num(lease[2])
     local held = before + quota_cost
-    if held <= quota or (allow_burst and held <= ceiling) then
+    local within = held <= quota or (allow_burst and held <= ceiling)
+    if within and held <= leased then
       job.reserved, job.held = int(cost), int(quota_cost)
-      local limit = {held = before, ceiling = ceiling, bound = quota}
-      if held > quota then limit.bound = ceiling end
+      local limit = {held = before, ceiling = ceiling, bound = math.min(leased, quota)}
+      if held > quota then limit.bound = math.min(leased, ceiling) end
       return num(policy[3]), out, limit
+    end
+    -- A pool asks again once its lease changed since it last asked (a grant applied or a
+    -- shrink clears `asked_at`) or LEASE_ASK_S after: one that got nothing waits for
+    -- housekeeping to bring leases back from the tenant's other pools
+    -- (FairQueue.rebalance_leases).
+    local again = not lease[3] or NOW - num(lease[3]) >= LEASE_ASK_S
+    if within and ask and again then
+      -- The lease alone holds it back: ask for the tenant's whole quota (quota + burst when
+      -- only the burst admits it, which the pool's idle capacity allows), at least `need`.
+      local goal, idle = quota, 0
+      if held > quota then goal, idle = ceiling, 1 end
+      wanted = {tenant = tenant, idle = idle, want = goal - leased, need = held - leased}
+      redis.call('HSET', k_lease(tenant), 'asked_at', fmt(NOW))
     end
     return nil, held <= ceiling
   end
@@ -674,11 +705,13 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
         if scanned >= AFFINITY_SCAN or counter > bound then break end
         scanned = scanned + 1
         local job_id, job, weight, out, limit = held_here(cls, tenant, holders)
+        if wanted then return nil end
         if job_id then return job_id, job, weight, false, out, limit, {} end
       else
         local job_id, job = live_head(k_queue(pool, cls, tenant))
         if job_id then
           local weight, out, limit = admit(tenant, job, allow_burst)
+          if wanted then return nil end
           if not weight then
             would_burst = would_burst or out  -- admit's second answer: it would with burst
           else
@@ -709,18 +742,19 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
     local burst_possible = false
     for _, entry in ipairs(order) do
       local job_id, job, weight, would_burst, out, limit, placed = candidate(entry.cls, false)
-      if job_id then return job_id, job, weight, out, limit, placed end
+      if job_id or wanted then return job_id, job, weight, out, limit, placed end
       burst_possible = burst_possible or would_burst
     end
     if not burst_possible then return nil end
     for _, entry in ipairs(order) do
       local job_id, job, weight, _, out, limit = candidate(entry.cls, true)
-      if job_id then return job_id, job, weight, out, limit end
+      if job_id or wanted then return job_id, job, weight, out, limit end
     end
     return nil
   end
 
   local job_id, job, weight, out, limit, placed = choose()
+  if wanted then return nil, nil, wanted end
   if not job_id then return nil end
   local cls, tenant = job.cls, job.tenant
 
@@ -760,7 +794,7 @@ local function pick_on(engine_id, pool, lease_s, weights, engine, usage)
   end
   redis.call('HSET', k_clock(pool), unpack(times))
 
-  redis.call('HINCRBY', k_tenant_use(tenant), 'reserved', job.held)
+  redis.call('HINCRBY', k_lease(tenant), 'held', job.held)
   redis.call('HINCRBY', k_engine_use(engine_id), 'reserved', job.reserved)
   redis.call('HINCRBY', k_engine_use(engine_id), 'inflight', seats(job))
   if cls ~= 'interactive' then redis.call('HINCRBY', k_engine_use(engine_id), cls, seats(job)) end
@@ -864,23 +898,30 @@ end
 
 -- Pick for the given engine, or ('') for the pool's engine with the most room that has an
 -- admissible job. Returns the job as a JSON object (one bulk reply: cheaper for clients to
--- read than a flat array), false when nothing may run now, or an error reply.
+-- read than a flat array), false when nothing may run now, an error reply, or (`ask`: the
+-- pick may ask for a lease, see pick_on) {"want": {tenant, idle, want, need, engine}} when a
+-- tenant's lease in the pool holds its fairest job back.
 -- `loop` (optional) is the dispatch loop picking: {token, idle_s, starting, summon_s}. A loop
 -- that finds nothing is registered idle for `idle_s`. A loop just started clears the summons
 -- that started it; if more work waits and no loop is idle, the job's `summon` field asks it
 -- to summon the next loop (fan-out). `engine`: the engine's hash, when the caller has read it.
-local function pick_reply(pool, engine_id, lease_s, weights, loop, engine)
+local function pick_reply(pool, engine_id, lease_s, weights, loop, ask, engine)
   loop = loop or {}
   if loop.starting then redis.call('DEL', k_loop_summoned(pool)) end
-  local job_id, job
+  local job_id, job, wanted
   if engine_id ~= '' then
-    job_id, job = pick_on(engine_id, pool, lease_s, weights, engine)
+    job_id, job, wanted = pick_on(engine_id, pool, lease_s, weights, ask, engine)
     if not job_id and job then return job end  -- pick_on's error reply
   else
     for _, room in ipairs(engines_by_room(pool)) do
-      job_id, job = pick_on(room.id, pool, lease_s, weights)
-      if job_id then break end
+      job_id, job, wanted = pick_on(room.id, pool, lease_s, weights, ask)
+      if job_id or wanted then break end
     end
+  end
+  if wanted then
+    -- Not idle: the caller asks for the lease and picks again, for the same engine.
+    wanted.engine = engine_id
+    return cjson.encode({want = wanted})
   end
   if not job_id then
     if loop.token and loop.token ~= '' then

@@ -39,7 +39,7 @@ def test_check_passes_when_totals_match_in_flight_jobs(live: FairQueue) -> None:
 
 
 def test_check_fails_on_drift_and_repair_fixes_it(live: FairQueue, fq_redis: redis.Redis) -> None:
-    fq_redis.hincrby(live.keys.tenant_usage("acme"), "reserved", UNIT)
+    fq_redis.hincrby(live.keys.lease("chat", "acme"), "held", UNIT)
     with pytest.raises(CommandError, match="1 drift"):
         run("check")
     assert "repaired" in run("check", "--repair")

@@ -217,7 +217,7 @@ def test_the_check_reports_drift_and_repairs_it(fq: FairQueue, fq_redis: redis.R
     submit(fq)
     pick(fq, now=1)
     keys = Keys()
-    fq_redis.hincrby(keys.tenant_usage("a"), "reserved", 7)
+    fq_redis.hincrby(keys.lease("p", "a"), "held", 7)
     fq_redis.hincrby(keys.engine_usage("p", "e1"), "inflight", 1)
     report = fq.check()
     assert not report.ok
@@ -275,7 +275,8 @@ def test_the_scripts_and_keys_py_name_the_same_keys(fq: FairQueue, fq_redis: red
     pick(fq, now=1)
     for name in (
         keys.inflight("p"),
-        keys.tenant_usage("a"),
+        keys.lease("p", "a"),
+        keys.lease_quota("a"),
         keys.engine_usage("p", "e1"),
         keys.class_clock("p"),
     ):
@@ -379,7 +380,8 @@ def test_every_key_a_pools_decisions_make_is_in_the_pools_slot(
 ) -> None:
     """A pool's decisions touch one hash slot, its tag's (`{p:<pool>}`): every key they
     leave is in it, but for the indexes, the tenants' policies the pools' copies are made
-    from, and the tenants' quota in use (`tenant:<t>:use`, shared by the pools)."""
+    from, and the tenants' own slots of their quota leases (`{t:<t>}:quota`), which the
+    decisions never touch: the leases are asked for between them."""
     keys = Keys()
     setup_pool(fq)
     fq.set_engine_policy(EnginePolicy("e1", "p", 8 * UNIT, 8, ttft_targets_s={"interactive": 1.0}))
@@ -427,7 +429,7 @@ def test_every_key_a_pools_decisions_make_is_in_the_pools_slot(
     elsewhere = {key for key in fq_redis.keys("*") if key_slot(str(key).encode()) != slot}
     indexes = {keys.pools(), keys.engines(), keys.tenants()}
     policies = {keys.tenant_policy(t) for t in "ab"}
-    assert elsewhere == indexes | policies | {keys.tenant_usage(t) for t in "ab"}
+    assert elsewhere == indexes | policies | {keys.lease_quota(t) for t in "ab"}
     left = {
         keys.inflight("p"), keys.waiting("p"), keys.queue("p", "interactive", "b"),
         keys.backlog("p", "interactive"), keys.seated("p", "interactive"),

@@ -52,7 +52,7 @@ def teach(fq: FairQueue, lengths: list[int], tenant: str = "a") -> None:
 
 
 def tenant_reserved(fq: FairQueue, tenant: str = "a") -> int:
-    return int(fq.redis.hget(fq.keys.tenant_usage(tenant), "reserved") or 0)
+    return fq.tenant_held_bytes([tenant])[tenant]
 
 
 def engine_reserved(fq: FairQueue) -> int:
