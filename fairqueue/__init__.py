@@ -2,8 +2,8 @@
 
 Plain Python (no Django). `FairQueue` (queue.py) is the API; `keys.py` names every Redis
 key; `lua/` holds the atomic steps; `model.py` is a pure reference of the pick rule.
-`leases.py` leases a tenant's quota to pools, one hash slot per step, for Redis Cluster
-(pure reference: `leases_model.py`); the pick does not use it yet.
+`leases.py` leases a tenant's quota to pools, one hash slot per step, so that each pool's
+decisions stay in its own slot on Redis Cluster (pure reference: `leases_model.py`).
 """
 
 from fairqueue.domain import (

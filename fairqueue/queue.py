@@ -20,10 +20,13 @@ Pick rule (details in `lua/pick.lua`, pure reference in `model.py`):
   A tenant that becomes backlogged is lifted to the least backlogged counter (or, when none
   is backlogged, to the counter of the last tenant that left), so idle time is not credit.
 - admission: cost <= engine free KV bytes; engine in-flight < max_num_seqs + queued (its
-  seats and its own waiting queue); tenant reserved + cost <= quota, or <= quota + burst
+  seats and its own waiting queue); tenant held + cost <= quota, or <= quota + burst
   while the engine has idle capacity: no waiting job of the pool (in a class open on this
   engine) that this engine could run within its tenant's quota. Borrowed burst is not
-  pre-empted; it returns when the job ends.
+  pre-empted; it returns when the job ends. `held` is what the tenant's jobs hold in the
+  pool, bounded by the tenant's quota lease there as well (`leases.py`): where the lease
+  alone holds a job back, the pick says so, the lease is asked for and the pick made again
+  (`pick`, `grow_lease`; docs/decisions/0020-picks-admit-against-the-pools-quota-lease.md).
 
 Worker protocol: `pick` -> run -> `renew_lease(job_id, attempt)` every lease/3 or so (False
 means the job was cancelled or reaped: stop) -> `release(job_id, prompt, completion,

@@ -72,7 +72,8 @@ for t in pairs(tenants) do
   local recorded, expected = num(redis.call('HGET', k_lease(t), 'held')), tenant_bytes[t] or 0
   tenant_report[t] = {recorded, expected}
   if recorded ~= expected then
-    table.insert(problems, string.format('tenant %s: its lease in pool %s records %d bytes held, in-flight jobs hold %d',
+    table.insert(problems, string.format(
+      'tenant %s: its lease in pool %s records %d bytes held, in-flight jobs hold %d',
       t, pool, recorded, expected))
     if repair then redis.call('HSET', k_lease(t), 'held', int(expected)) end
   end

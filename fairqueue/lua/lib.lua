@@ -4,10 +4,9 @@
 -- loaded, and a call only its own function: the helpers below are not made again per call.
 -- A call's one key, KEYS[1], is its pool's tag prefix (`<prefix>{p:<pool>}:`, keys.py
 -- `Keys.pool_tag`): every key it touches is of that slot, and a cluster routes the call by
--- it. ARGV[1] is the key prefix, ARGV[2] the
--- current time (seconds; empty: Redis's own clock), ARGV[3] the time to keep a finished job
--- and its event list (seconds). Script arguments start at ARGV[4]. Key names mirror keys.py
--- one for one.
+-- it. ARGV[1] is the key prefix, ARGV[2] the current time (seconds; empty: Redis's own
+-- clock), ARGV[3] the time to keep a finished job and its event list (seconds). Script
+-- arguments start at ARGV[4]. Key names mirror keys.py one for one.
 --
 -- The quota leases' functions (lease_*.lua) take their keys whole instead: each touches
 -- only the keys its call declares, KEYS, all of one hash slot (a tenant's `{t:<t>}` or a
@@ -281,9 +280,9 @@ local function held_bytes(job)
   return num(job.reserved)
 end
 
--- Gives back everything a running job holds: its bytes of its tenant's lease and on the engine, its
--- seats on the engine (a standard or offline job's are also counted apart, in `standard` or
--- `offline`: the seat bounds count them), its lease.
+-- Gives back everything a running job holds: its bytes of its tenant's quota lease in the
+-- pool and on the engine, its seats on the engine (a standard or offline job's are also
+-- counted apart, in `standard` or `offline`: the seat bounds count them), its lease.
 local function give_back(job_id, job)
   local reserved = num(job.reserved)
   redis.call('HINCRBY', k_lease(job.tenant), 'held', int(-held_bytes(job)))
