@@ -48,25 +48,27 @@ PREFIX = "gs:limits:"
 WINDOW_S = 60
 
 _ADMIT = """
-local prefix, tenant = ARGV[1], ARGV[2]
-local now, rpm, tpm = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local tokens, budget, budget_key = tonumber(ARGV[6]), tonumber(ARGV[7]), ARGV[8]
-local seeded = ARGV[9] == '1'
+-- KEYS[1]: the tenant's slot prefix (`tenant_slot`): every key the script touches starts
+-- with it, so on Redis Cluster the call runs on the one primary that serves the tenant.
+local slot = KEYS[1]
+local now, rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local tokens, budget, budget_key = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+local seeded = ARGV[7] == '1'
 -- The key's own minute limits, where it has them ('' : none): counted beside its tenant's.
-local key_id, key_rpm, key_tpm = ARGV[10] or '', tonumber(ARGV[11] or 0), tonumber(ARGV[12] or 0)
+local key_id, key_rpm, key_tpm = ARGV[8] or '', tonumber(ARGV[9] or 0), tonumber(ARGV[10] or 0)
 local minute = math.floor(now / 60)
 local overlap = 1 - (now - minute * 60) / 60
 -- Each window's count is read once: this minute's and the last one's, per kind and owner.
 local counts = {}
 local function read(owner, kind)
-  local this = prefix .. owner .. ':' .. kind .. ':' .. minute
-  local last = prefix .. owner .. ':' .. kind .. ':' .. (minute - 1)
+  local this = slot .. owner .. kind .. ':' .. minute
+  local last = slot .. owner .. kind .. ':' .. (minute - 1)
   local values = redis.call('MGET', this, last)
   return {key = this, this = tonumber(values[1] or 0), last = tonumber(values[2] or 0)}
 end
 for _, kind in ipairs({'req', 'tok'}) do
-  counts[kind] = read(tenant, kind)
-  if key_id ~= '' then counts['key' .. kind] = read('key:' .. key_id, kind) end
+  counts[kind] = read('', kind)
+  if key_id ~= '' then counts['key' .. kind] = read('key:' .. key_id .. ':', kind) end
 end
 local function recent(kind)
   return counts[kind].this + counts[kind].last * overlap
@@ -171,9 +173,18 @@ def budget_period_start(period: str, now: datetime) -> datetime:
     return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
+def tenant_slot(tenant_id: int) -> str:
+    """The prefix of every limits key of the tenant, its Redis Cluster hash tag included
+    (`{t:<id>}`): one script call touches one slot, and a cluster runs it on the primary
+    that serves it. Beneath it: `req:<minute>` and `tok:<minute>` (the tenant's counts per
+    minute), `key:<id>:req:<minute>` and `key:<id>:tok:<minute>` (an API key's own), and
+    `budget:<period start>` (tokens used in the budget's period)."""
+    return f"{PREFIX}{{t:{tenant_id}}}:"
+
+
 def _budget_key(tenant: Tenant, now: datetime) -> str:
     start = budget_period_start(tenant.budget_period, now)
-    return f"{PREFIX}{tenant.pk}:budget:{start:%Y%m%d}"
+    return f"{tenant_slot(tenant.pk)}budget:{start:%Y%m%d}"
 
 
 @dataclass(frozen=True)
@@ -209,7 +220,7 @@ class _Check:
         """The script's arguments; `seeded`: the budget's counter was just seeded, so a
         missing one counts as zero rather than asking for a seed again."""
         tenant, key = self.tenant, self.api_key
-        return [PREFIX, tenant.pk, repr(self.moment), tenant.rpm_limit or 0,
+        return [repr(self.moment), tenant.rpm_limit or 0,
                 tenant.tpm_limit or 0, self.estimated_tokens, tenant.token_budget or 0,
                 self.budget_key or "", "1" if seeded else "",
                 key.pk if key else "", (key.rpm_limit or 0) if key else 0,
@@ -294,11 +305,11 @@ def limits_admit(
     check = _Check.of(tenant, estimated_tokens, now, api_key)
     if not check.limited:
         return check.verdict(None)
-    script = _script(_ADMIT)
-    answer = script(args=check.args(seeded=False))
+    script, slot = _script(_ADMIT), [tenant_slot(tenant.pk)]
+    answer = script(keys=slot, args=check.args(seeded=False))
     if check.wants_seed(answer):
         check.seed()
-        answer = script(args=check.args(seeded=True))
+        answer = script(keys=slot, args=check.args(seeded=True))
     return check.verdict(answer)
 
 
@@ -316,11 +327,11 @@ async def limits_admit_async(
     check = _Check.of(tenant, estimated_tokens, now, api_key)
     if not check.limited:
         return check.verdict(None)
-    script = _script(_ADMIT)
-    answer = await client.evalsha(script.sha, _ADMIT, 0, *check.args(seeded=False))
+    script, slot = _script(_ADMIT), tenant_slot(tenant.pk)
+    answer = await client.evalsha(script.sha, _ADMIT, 1, slot, *check.args(seeded=False))
     if check.wants_seed(answer):
         await in_thread(check.seed)
-        answer = await client.evalsha(script.sha, _ADMIT, 0, *check.args(seeded=True))
+        answer = await client.evalsha(script.sha, _ADMIT, 1, slot, *check.args(seeded=True))
     return check.verdict(answer)
 
 
@@ -393,9 +404,10 @@ def _settling(
             "request %s of tenant %s used %d tokens, %d more than admitted; charged",
             request_id or "-", admission.tenant_id, used_tokens, -refund,
         )  # fmt: skip
-    keys = [f"{PREFIX}{admission.tenant_id}:tok:{admission.minute}"]
+    slot = tenant_slot(admission.tenant_id)
+    keys = [f"{slot}tok:{admission.minute}"]
     if admission.api_key_id is not None:
-        keys.append(f"{PREFIX}key:{admission.api_key_id}:tok:{admission.minute}")
+        keys.append(f"{slot}key:{admission.api_key_id}:tok:{admission.minute}")
     if admission.budget_key:
         keys.append(admission.budget_key)
     return keys, refund

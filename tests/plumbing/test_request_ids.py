@@ -120,6 +120,9 @@ def test_housekeeping_names_the_jobs_it_reaped_and_expired(monkeypatch, caplog):
         def pools_with_waiting_work(self) -> list[str]:
             return []
 
+        def rebalance_leases(self) -> list[str]:
+            return []
+
     monkeypatch.setattr(tasks, "fair_queue", Queue)
     monkeypatch.setattr(tasks, "sync_engines_if_changed", lambda queue: None)
     monkeypatch.setattr(tasks, "timeouts_record", lambda queue, pool, expired: None)

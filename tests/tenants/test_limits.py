@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from django.conf import settings
+from redis.cluster import RedisCluster as PyRedisCluster
+from redis.crc import key_slot
 
 from plumbing.aio_redis import AsyncRedis
+from plumbing.aio_redis_cluster import AsyncRedisCluster
 from tenants.limits import (
     Admission,
     BudgetExhausted,
@@ -19,10 +22,13 @@ from tenants.limits import (
     duration_text,
     limits_admit_async,
     limits_settle,
+    limits_settle_async,
+    tenant_slot,
 )
 from tenants.limits import limits_admit as limits_admit_sync
 from tenants.models import UsageRecord
 from tenants.services import api_key_create, tenant_update
+from tests.support.redis_cluster import RedisCluster, running_cluster
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the async check's seed: in a thread
 
@@ -146,7 +152,7 @@ def test_without_limits_nothing_is_counted_so_settling_refunds_nothing(
     leaves even a counter that happens to exist alone."""
     admission = limits_admit(tenant=owner, estimated_tokens=500, now=NOW)
     assert not admission.counted
-    token_key = f"gs:limits:{owner.pk}:tok:{admission.minute}"
+    token_key = f"{tenant_slot(owner.pk)}tok:{admission.minute}"
     redis_db.set(token_key, 700)
     limits_settle(admission=admission, used_tokens=10)
     assert redis_db.get(token_key) == "700"
@@ -219,3 +225,53 @@ def test_a_keys_tpm_is_settled_to_the_tokens_used(owner, redis_db, limits_admit)
         limits_admit(tenant=owner, estimated_tokens=300, now=NOW + 1, api_key=key)
     limits_settle(admission=admission, used_tokens=100)
     limits_admit(tenant=owner, estimated_tokens=300, now=NOW + 2, api_key=key)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    with running_cluster(tmp_path_factory.mktemp("cluster")) as started:
+        yield started
+
+
+def test_a_tenants_limits_are_counted_in_its_own_slot_of_a_cluster(
+    owner, cluster: RedisCluster
+) -> None:
+    """Every key of one check is under the tenant's hash tag (`tenant_slot`): on a Redis
+    Cluster of three primaries the check and the settle each run on the primary of that
+    slot, the tenant's and its API key's counts together, and the limits hold there."""
+    tenant_update(tenant=owner, rpm_limit=2, tpm_limit=1_000)
+    key = api_key_create(tenant=owner, name="limited", rpm_limit=5).api_key
+
+    async def in_thread(work: Callable[[], None]) -> None:
+        raise AssertionError("no budget: nothing to seed")
+
+    async def admit_twice_then_refused() -> tuple[list[Admission], RateLimited]:
+        client: Any = AsyncRedisCluster(cluster.url, max_connections=2, read_timeout_s=5)
+
+        async def admit(tokens: int, at: float) -> Admission:
+            return await limits_admit_async(
+                tenant=owner, estimated_tokens=tokens, now=at, api_key=key, client=client,
+                in_thread=in_thread,
+            )  # fmt: skip
+
+        try:
+            admitted = [await admit(300, NOW), await admit(300, NOW + 1)]
+            await limits_settle_async(admission=admitted[0], used_tokens=100, client=client)
+            with pytest.raises(RateLimited) as refused:
+                await admit(1, NOW + 2)
+            return admitted, refused.value
+        finally:
+            client.close()
+
+    admitted, refused = asyncio.run(admit_twice_then_refused())
+    assert all(admission.counted for admission in admitted)
+    assert "requests per minute" in str(refused)
+    nodes = PyRedisCluster.from_url(cluster.url, decode_responses=True)
+    try:
+        prefix = f"{tenant_slot(owner.pk)}"
+        names = [f"{prefix}{owner_}{kind}:{admitted[0].minute}"
+                 for owner_ in ("", f"key:{key.pk}:") for kind in ("req", "tok")]  # fmt: skip
+        assert [nodes.get(name) for name in names] == ["2", "400", "2", "400"]
+        assert len({key_slot(name.encode()) for name in names}) == 1
+    finally:
+        nodes.close()

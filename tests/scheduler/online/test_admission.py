@@ -22,7 +22,7 @@ from protocol.inference import parse_inference_request
 from scheduler.models import Device, Engine, EngineStatus
 from scheduler.online import admission as online
 from scheduler.pools.policies import fair_queue, sync_engine
-from tenants.limits import PREFIX, RateLimited
+from tenants.limits import RateLimited, tenant_slot
 from tenants.models import Tenant
 from tenants.services import api_key_create, tenant_update
 from tests.factories import TenantFactory
@@ -114,7 +114,7 @@ def tokenizer(bearer, settings) -> Iterator[type[_Tokenizer]]:
 def tokens_counted(tenant: Tenant) -> int:
     """The tokens the tenant's limits hold against it, over every minute's counter."""
     client = fair_queue().redis
-    return sum(int(client.get(k) or 0) for k in client.keys(f"{PREFIX}{tenant.pk}:tok:*"))
+    return sum(int(client.get(k) or 0) for k in client.keys(f"{tenant_slot(tenant.pk)}tok:*"))
 
 
 def queued_ids() -> list[str]:
