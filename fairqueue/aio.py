@@ -37,12 +37,12 @@ from fairqueue.domain import DispatchLoop, FairQueueConfig, Job, LeaseWant
 from fairqueue.keys import Keys
 from fairqueue.queue import (
     ASK_LEASE,
+    MAX_ASKS,
     NO_ASK,
     FairQueue,
     LastWords,
     _text,
     pick_answer,
-    picked_job,
     release_args,
     release_pick_answer,
     starved_entry,
@@ -184,11 +184,20 @@ class AsyncFairQueue:
         """`FairQueue.pick` for the pool's engine with the most room."""
         starting = loop is not None and loop.starting
         picked = await self._pick(pool, "", loop, ASK_LEASE)
-        if isinstance(picked, LeaseWant):
+        return await self._after_asking(picked, loop, starting)
+
+    async def _after_asking(
+        self, picked: Job | LeaseWant | None, loop: DispatchLoop | None, starting: bool
+    ) -> Job | None:
+        """`FairQueue.pick_after_asking`, from an event loop."""
+        asks = 0
+        while isinstance(picked, LeaseWant):
             await self.grow_lease(picked)
+            asks += 1
             if loop is not None:
                 loop.starting = starting  # it still fans out from this pick
-            return picked_job(await self._pick(pool, picked.engine, loop, NO_ASK))
+            ask = ASK_LEASE if asks < MAX_ASKS else NO_ASK
+            picked = await self._pick(picked.pool, picked.engine, loop, ask)
         return picked
 
     async def _pick(
@@ -271,8 +280,7 @@ class AsyncFairQueue:
         release stands whatever happens here: a failure leaves the job queued, for the
         pool's next pick (or housekeeping's kick)."""
         try:
-            await self.grow_lease(want)
-            return picked_job(await self._pick(want.pool, want.engine, None, NO_ASK))
+            return await self._after_asking(want, None, False)
         except redis.RedisError as exc:  # NotReplicated: the pick was given back
             log.warning("pool %s: no pick after asking for a lease: %s", want.pool, exc)
             return None

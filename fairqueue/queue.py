@@ -110,6 +110,9 @@ def _text(value: Any) -> str:
 
 # A pick's last argument (lua/pick.lua): whether it may ask for a tenant's lease.
 ASK_LEASE, NO_ASK = "1", ""
+# The most leases one pick asks for before it picks without asking (each tenant asks at most
+# once a second in a pool where its ask was not granted: lua/lib.lua pick_on).
+MAX_ASKS = 8
 
 
 def _job_from_json(answer: Any, loop: DispatchLoop | None, pool: str) -> Job | LeaseWant:
@@ -165,13 +168,6 @@ def release_pick_answer(
 ) -> tuple[bool, Job | LeaseWant | None]:
     released, picked = answer
     return bool(released), pick_answer(picked, loop, pool)
-
-
-def picked_job(picked: Job | LeaseWant | None) -> Job | None:
-    """The answer of a pick that may not ask for a lease: a job or None."""
-    if isinstance(picked, LeaseWant):
-        raise TypeError(f"a pick that may not ask asked for a lease: {picked}")
-    return picked
 
 
 def starved_entry(tenant: str, pool: str) -> str:
@@ -532,35 +528,42 @@ class FairQueue:
         lease in the pool holds its fairest job back, the lease is asked for and the pick
         made again (`grow_lease`)."""
         starting = loop is not None and loop.starting
+        picked = self._pick_once(pool, engine_id, loop, ASK_LEASE, now)
+        return self.pick_after_asking(picked, loop=loop, starting=starting, now=now)
+
+    def _pick_once(
+        self, pool: str, engine_id: str, loop: DispatchLoop | None, ask: str, now: float | None
+    ) -> Job | LeaseWant | None:
         args = self.pick_args(pool, engine_id, loop)
         try:
-            answer = self._run("pick", pool, *args, ASK_LEASE, now=now)
+            answer = self._run("pick", pool, *args, ask, now=now)
         except NotReplicated as short:  # a want decided nothing: it needs no replica
             if not isinstance(pick_answer(short.answer, loop, pool), LeaseWant):
                 raise
             answer = short.answer
-        picked = pick_answer(answer, loop, pool)
-        if not isinstance(picked, LeaseWant):
-            return picked
-        return self.pick_after_asking(picked, loop=loop, starting=starting, now=now)
+        return pick_answer(answer, loop, pool)
 
     def pick_after_asking(
         self,
-        want: LeaseWant,
+        picked: Job | LeaseWant | None,
         *,
         loop: DispatchLoop | None = None,
         starting: bool = False,
         now: float | None = None,
     ) -> Job | None:
-        """The pick again once the lease a pick wanted was asked for (`grow_lease`): it
-        passes over a head job the lease still holds back. A loop `starting` still fans out
-        from this pick."""
-        self.grow_lease(want)
-        if loop is not None:
-            loop.starting = starting
-        args = self.pick_args(want.pool, want.engine, loop)
-        answer = self._run("pick", want.pool, *args, NO_ASK, now=now)
-        return picked_job(pick_answer(answer, loop, want.pool))
+        """A pick's answer once the leases it wanted were asked for (`grow_lease`), each
+        followed by the pick again: a tenant whose lease a grant did not bring up is passed
+        over then (it asked a moment ago), and the next tenant may ask in turn; past
+        MAX_ASKS the pick asks no more. A loop `starting` still fans out from the pick."""
+        asks = 0
+        while isinstance(picked, LeaseWant):
+            self.grow_lease(picked)
+            asks += 1
+            if loop is not None:
+                loop.starting = starting
+            ask = ASK_LEASE if asks < MAX_ASKS else NO_ASK
+            picked = self._pick_once(picked.pool, picked.engine, loop, ask, now)
+        return picked
 
     def grow_lease(self, want: LeaseWant) -> bool:
         """Asks the tenant's slot for the lease a pick wanted and applies the grant in the
@@ -626,15 +629,14 @@ class FairQueue:
         (released, next job). `same_engine`: the next job is picked for the engine the
         released one ran on, the one place where room appeared (`engine_id` is then
         unused; see lua/release_pick.lua)."""
+        starting = loop is not None and loop.starting
         args = self.release_pick_args(
             job, prompt_tokens, completion_tokens, pool, engine_id, loop, last_words,
             same_engine,
         )  # fmt: skip
         answer = self._run("release_pick", pool, *args, now=now)
         released, picked = release_pick_answer(answer, loop, pool)
-        if isinstance(picked, LeaseWant):
-            return released, self.pick_after_asking(picked, loop=loop, now=now)
-        return released, picked
+        return released, self.pick_after_asking(picked, loop=loop, starting=starting, now=now)
 
     def release_pick_args(
         self,

@@ -589,11 +589,11 @@ local AFFINITY_SCAN = 8
 -- admitted while what the tenant's jobs hold here with it stays within the lease as well as
 -- within quota (quota + burst in pass 2). Where the lease alone holds the fairest head job
 -- back, a pick that may `ask` stops there and returns what the tenant's lease should grow
--- by (`wanted`): its caller asks the tenant's slot for it and picks again, without asking
--- (pick.lua), so the fair order holds across the grant. Where a request was not answered
--- (the lease did not change since), a pool asks again for the tenant LEASE_ASK_S after it;
--- in between, and in a pick that may not ask, such a head job is passed over like one over
--- quota.
+-- by (`wanted`): its caller asks the tenant's slot for it and picks again
+-- (FairQueue.pick_after_asking), so the fair order holds across the grant. Where a request
+-- was not answered (the lease did not change since), the pool asks again for that tenant
+-- LEASE_ASK_S after it; in between, and in a pick that may not ask, such a head job is
+-- passed over like one over quota, and the next tenant's may ask in turn.
 -- The job may run on another engine of the pool than the one it was picked for, the one
 -- that holds its prefix (affinity_engine): its hash's `engine` says where.
 -- Returns the job id and its hash as a table (as HGETALL would give it), nil when nothing

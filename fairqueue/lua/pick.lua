@@ -2,8 +2,8 @@
 -- ARGV[4..]: pool, engine_id ('' = the pool's engine with the most room that can run one),
 -- lease_s, then class weights (interactive, standard, offline), then the dispatch loop's
 -- token, idle_s, starting and summon_s (see loop_from; token '' = not a loop), then
--- ask ('1': a tenant's lease that holds its fairest job back is asked for; '': the pick
--- after such a request, which passes it over).
+-- ask ('1': a tenant's lease that holds its fairest job back is asked for; '': such a job
+-- is passed over).
 -- Returns the job as a JSON object, false when nothing may run now, or what a tenant's
 -- lease should grow by (pick_reply).
 return pick_reply(ARGV[4], ARGV[5], tonumber(ARGV[6]), weights_from(7), loop_from(10),

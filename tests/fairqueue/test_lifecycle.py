@@ -437,3 +437,39 @@ def test_every_key_a_pools_decisions_make_is_in_the_pools_slot(
         keys.inbox("p", "worker"), keys.job("p", first.job_id), keys.job("p", second.job_id),
     }  # fmt: skip
     assert left <= set(fq_redis.keys("*"))
+
+
+def test_a_tenant_refused_a_lease_is_passed_over_and_housekeeping_brings_its_quota_back(
+    fq: FairQueue, fq_redis: redis.Redis
+) -> None:
+    """A tenant's first pick in a pool asks for its lease there. Where its quota is leased
+    to another pool, the pick passes it over for the next tenant, who asks in turn, and the
+    pool is recorded starved; housekeeping's rebalance brings back what the other pool does
+    not hold, and the next pick gets it."""
+    fq.set_tenant_policy("a", TenantPolicy(1, 2 * UNIT))
+    fq.set_tenant_policy("b", TenantPolicy(1, 2 * UNIT))
+    fq.set_engine_policy(EnginePolicy("e1", "p", 8 * UNIT, 8))
+    fq.set_engine_policy(EnginePolicy("e2", "q", 8 * UNIT, 8))
+    keys = Keys()
+
+    def enqueue(tenant: str, pool: str, now: float) -> str:
+        return fq.enqueue(tenant=tenant, pool=pool, request_class="standard", prompt_tokens=100,
+                          max_tokens=50, kv_bytes=UNIT, now=now).job_id  # fmt: skip
+
+    in_p = enqueue("a", "p", now=0)
+    assert pick(fq, now=1).job_id == in_p  # a asks once: its whole quota, leased to p
+    assert fq.leases.tenant_slot("a").leased == {"p": 2 * UNIT}
+    a_in_q, b_in_q = enqueue("a", "q", now=2), enqueue("b", "q", now=3)
+    picked = fq.pick("q", "e2", now=4)  # a is fairest in q, but its quota is p's
+    assert picked is not None
+    assert picked.job_id == b_in_q  # passed over; b asked in turn
+    assert fq_redis.smembers(keys.lease_starved()) == {"a q"}
+    assert fq.pick("q", "e2", now=4) is None  # a asked a moment ago: not again yet
+    assert fq.rebalance_leases() == ["q"]  # p gives back the unit its job does not hold
+    assert fq.leases.tenant_slot("a").leased == {"p": UNIT}
+    moved = fq.pick("q", "e2", now=4)
+    assert moved is not None
+    assert moved.job_id == a_in_q
+    assert fq.leases.tenant_slot("a").leased == {"p": UNIT, "q": UNIT}
+    assert fq.snapshot().tenant_reserved_bytes == {"a": 2 * UNIT, "b": UNIT}
+    assert fq.check().ok
