@@ -34,6 +34,10 @@ def _check_redis() -> None:
     client = new_client(settings.REDIS_URL, socket_timeout=timeout, socket_connect_timeout=timeout)
     try:
         client.ping()
+        if settings.GPUSHARE_REDIS_CLUSTER:  # a node answers; the cluster must serve all slots
+            state = client.execute_command("CLUSTER INFO").get("cluster_state")
+            if state != "ok":
+                raise ConnectionError(f"the Redis Cluster's state is {state!r}")
     finally:
         close_client(client)
 

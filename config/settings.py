@@ -16,7 +16,7 @@ from config.secret_key import secret_key
 from config.sqlite import sqlite_options
 from plumbing.env import env_bool, env_float, env_int, env_list, env_numbers, env_str
 from plumbing.json_logs import log_format
-from plumbing.redis import sentinel_broker_url, sentinel_tls, ssl_options
+from plumbing.redis import check_cluster_settings, sentinel_broker_url, sentinel_tls, ssl_options
 
 # Lets generic admin/serializer classes be subscripted at run time, as the type hints do.
 django_stubs_ext.monkeypatch()
@@ -210,6 +210,10 @@ GPUSHARE_REDIS_SENTINEL_MASTER = env_str("GPUSHARE_REDIS_SENTINEL_MASTER", "myma
 GPUSHARE_REDIS_SENTINEL_PASSWORD = env_str("GPUSHARE_REDIS_SENTINEL_PASSWORD", "")
 # The sentinels are reached over TLS, with REDIS_URL's `ssl_*` options (plumbing/redis.py).
 GPUSHARE_REDIS_SENTINEL_TLS = env_bool("GPUSHARE_REDIS_SENTINEL_TLS", False)
+# REDIS_URL names one node of a Redis Cluster; the clients route every command to its
+# slot's primary (plumbing/redis.py). Celery's broker cannot be a cluster: CELERY_BROKER_URL
+# must then name a Redis (or sentinels) of its own.
+GPUSHARE_REDIS_CLUSTER = env_bool("GPUSHARE_REDIS_CLUSTER", False)
 # The fair queue's writes wait for this many replicas to acknowledge them (WAIT) before the
 # platform acts on them: a write a promoted replica lacks then ran nothing and lost no
 # answer (docs/decisions/0013-fence-the-fair-queue-with-wait.md). 0: no wait.
@@ -233,6 +237,12 @@ CELERY_BROKER_URL = env_str(
 # sentinel:// broker's primary takes REDIS_URL's.
 CELERY_BROKER_USE_SSL = ssl_options(
     REDIS_URL if CELERY_BROKER_URL.startswith("sentinel://") else CELERY_BROKER_URL
+)
+check_cluster_settings(
+    cluster=GPUSHARE_REDIS_CLUSTER,
+    redis_url=REDIS_URL,
+    broker_url=CELERY_BROKER_URL,
+    sentinels=GPUSHARE_REDIS_SENTINELS,
 )
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True

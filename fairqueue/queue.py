@@ -67,6 +67,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from fairqueue import library
 from fairqueue.domain import (
@@ -386,7 +387,11 @@ class FairQueue:
         counts the replicas that have the call's writes."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.execute_command(*command)
-        pipe.execute_command(*fence.command())
+        if isinstance(self.redis, RedisCluster):  # the WAIT goes where the call's key went
+            node = self.redis.get_node_from_key(command[3])
+            pipe.execute_command(*fence.command(), target_nodes=node)
+        else:
+            pipe.execute_command(*fence.command())
         answer, acked = pipe.execute()
         return fence.check(answer, acked)
 

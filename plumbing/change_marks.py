@@ -7,6 +7,8 @@ over the requests of a second, than a request's own share of the worker
 (docs/decisions/0007-periodic-work-on-each-workers-ticker.md).
 
 A mark is a counter in Redis that each save of those rows bumps once its transaction commits.
+Every mark's keys carry one Redis Cluster hash tag, `{changes}`, so the reads of several keys
+at once (`moved`, `counts`) are of one slot.
 The job keeps in Redis the count it last acted on, and acts again only when the count moved,
 or when that memory expired: every `recheck_s` a pass runs whatever happened, so a change made
 around the ORM's signals (a queryset.update(), a bump lost while Redis was away) is still seen
@@ -30,7 +32,7 @@ from plumbing.ttlcache import TtlCache
 
 log = logging.getLogger(__name__)
 
-PREFIX = "gs:changes:"
+PREFIX = "gs:changes:{changes}:"
 
 _T = TypeVar("_T")
 _V = TypeVar("_V")

@@ -1,5 +1,9 @@
 """One Redis connection pool per process, from REDIS_URL, and under Redis Sentinel from the
-sentinels (`GPUSHARE_REDIS_SENTINELS`) that say where its primary is.
+sentinels (`GPUSHARE_REDIS_SENTINELS`) that say where its primary is. With
+`GPUSHARE_REDIS_CLUSTER`, REDIS_URL names one node of a Redis Cluster, and each client
+routes every command to the primary that serves its key's slot: redis-py's
+`RedisCluster` for threads, `plumbing/aio_redis_cluster.py` for event loops. The callers'
+commands are of one slot each, or of keys that share a hash tag.
 
 Under Sentinel, REDIS_URL still gives the database, the user, the password and the TLS
 options; its host and port are not used. redis-py's clients come from
@@ -8,14 +12,18 @@ options; its host and port are not used. redis-py's clients come from
 (`plumbing/sentinel.py`)."""
 
 from functools import cache
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import redis
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from redis.cluster import RedisCluster
 from redis.connection import SSLConnection, parse_url
 from redis.sentinel import Sentinel
 
+from plumbing.aio_redis import AsyncRedis
+from plumbing.aio_redis_cluster import AsyncRedisCluster
 from plumbing.sentinel import Sentinels, parse_sentinels
 
 
@@ -47,6 +55,9 @@ def new_client(url: str, **options: Any) -> redis.Redis:
     """A redis-py client of the Redis at `url` (`options` as `Redis.from_url` takes them);
     under Sentinel, of the primary its sentinels name, with the URL's database, user,
     password and TLS options."""
+    if settings.GPUSHARE_REDIS_CLUSTER:
+        # It takes the calls the platform makes of a Redis: each of one slot (see above).
+        return cast(redis.Redis, RedisCluster.from_url(url, **options))
     found = sentinels()
     if found is None:
         return redis.Redis.from_url(url, **options)
@@ -67,7 +78,8 @@ def new_client(url: str, **options: Any) -> redis.Redis:
 def close_client(client: redis.Redis) -> None:
     """Closes a client of `new_client`, and under Sentinel its connections to the sentinels."""
     client.close()
-    manager = getattr(client.connection_pool, "sentinel_manager", None)
+    pool = getattr(client, "connection_pool", None)  # a cluster client has one per node
+    manager = getattr(pool, "sentinel_manager", None)
     if manager is not None:
         manager.close()
 
@@ -82,8 +94,26 @@ def redis_client() -> redis.Redis:
     key = (
         tuple(settings.GPUSHARE_REDIS_SENTINELS),
         settings.GPUSHARE_REDIS_SENTINEL_MASTER,
+        settings.GPUSHARE_REDIS_CLUSTER,
     )
     return _client_for(settings.REDIS_URL, key)
+
+
+def async_client(*, max_connections: int, read_timeout_s: float) -> AsyncRedis:
+    """An event loop's client of REDIS_URL: the hand-written asyncio client, through the
+    sentinels under Sentinel; on a cluster its cluster form (`max_connections` per node),
+    which takes the same calls."""
+    if settings.GPUSHARE_REDIS_CLUSTER:
+        cluster = AsyncRedisCluster(
+            settings.REDIS_URL, max_connections=max_connections, read_timeout_s=read_timeout_s
+        )
+        return cast(AsyncRedis, cluster)
+    return AsyncRedis(
+        settings.REDIS_URL,
+        sentinels=sentinels(),
+        max_connections=max_connections,
+        read_timeout_s=read_timeout_s,
+    )
 
 
 def ssl_options(url: str) -> dict[str, Any] | None:
@@ -114,3 +144,24 @@ def sentinel_broker_url(url: str, addresses: list[str]) -> str:
     return ";".join(
         f"sentinel://{auth}{host}:{port}/{db}" for host, port in parse_sentinels(addresses)
     )
+
+
+def check_cluster_settings(
+    *, cluster: bool, redis_url: str, broker_url: str, sentinels: list[str]
+) -> None:
+    """Refuses settings a Redis Cluster cannot serve: sentinels beside it, a database other
+    than 0 (a cluster has none other), or Celery's broker on it (kombu needs one Redis)."""
+    if not cluster:
+        return
+    if sentinels:
+        raise ImproperlyConfigured(
+            "GPUSHARE_REDIS_CLUSTER and GPUSHARE_REDIS_SENTINELS exclude each other: a "
+            "cluster fails over by itself"
+        )
+    if int(parse_url(redis_url).get("db") or 0) != 0:
+        raise ImproperlyConfigured("with GPUSHARE_REDIS_CLUSTER, REDIS_URL must use database 0")
+    if broker_url.split(";", 1)[0].strip() == redis_url.strip():
+        raise ImproperlyConfigured(
+            "with GPUSHARE_REDIS_CLUSTER, set CELERY_BROKER_URL to a Redis (or sentinels) "
+            "that is not the cluster: Celery's broker cannot run on a cluster"
+        )

@@ -243,8 +243,9 @@ def engine_gate(*, queue: FairQueue, engine: Engine, now: float | None = None) -
     pool = engine_pool(engine)
     pipe.hgetall(queue.keys.engine(pool, engine.name))
     pipe.hgetall(queue.keys.engine_usage(pool, engine.name))
-    pipe.time()
-    fields, usage, (seconds, micros) = pipe.execute()
+    fields, usage = pipe.execute()
+    # Apart: a cluster client takes no keyless command in a pipeline.
+    seconds, micros = queue.redis.time()
     policy, use = _texts(fields), _texts(usage)
     threshold = policy.get("offline_load_threshold")
     gate = EngineGate(

@@ -13,9 +13,11 @@ from plumbing.redis import redis_client
 from telemetry.live import PREFIX, read_hash
 from tenants.models import Outcome, UsageRecord
 
-LEDGER_CURSOR_KEY = PREFIX + "ledger:cursor"
-LEDGER_COUNTERS_KEY = PREFIX + "ledger:counters"
-LEDGER_HORIZON_KEY = PREFIX + "ledger:horizon"
+# One Redis Cluster hash tag for the three: a fold reads two of them at once and writes all
+# three in one transaction.
+LEDGER_CURSOR_KEY = PREFIX + "{ledger}:cursor"
+LEDGER_COUNTERS_KEY = PREFIX + "{ledger}:counters"
+LEDGER_HORIZON_KEY = PREFIX + "{ledger}:horizon"
 # Fields of counter hashes are joined with a tab: slugs, classes and model names hold none.
 SEP = "\t"
 # Seconds; the admission-wait, time-to-first-token and latency histograms of

@@ -26,9 +26,11 @@ from tenants.usage_buffer import end_user
 log = logging.getLogger(__name__)
 
 
-REJECTIONS_KEY = PREFIX + "rejections"
-PENDING_REJECTIONS_KEY = PREFIX + "rejections:pending"
-DRAINING_REJECTIONS_KEY = PREFIX + "rejections:draining"
+# One Redis Cluster hash tag for the three: a drain renames one to another and writes two in
+# one transaction.
+REJECTIONS_KEY = PREFIX + "{rejections}"
+PENDING_REJECTIONS_KEY = PREFIX + "{rejections}:pending"
+DRAINING_REJECTIONS_KEY = PREFIX + "{rejections}:draining"
 # Prompt tokens the engines counted beyond what was reserved, by tenant (what the KV
 # reservation and the quota missed: a hole in the prompt's bound).
 UNRESERVED_KEY = PREFIX + "unreserved_prompt_tokens"

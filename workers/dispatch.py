@@ -55,9 +55,9 @@ from fairqueue.domain import DispatchLoop, Job
 from fairqueue.inbox import Inboxes
 from fairqueue.queue import FairQueue, LastWords
 from plumbing import request_ids, wire
-from plumbing.aio_redis import Arg, AsyncRedis
+from plumbing.aio_redis import Arg
 from plumbing.change_marks import cache_by_marks
-from plumbing.redis import sentinels
+from plumbing.redis import async_client
 from plumbing.ttlcache import TtlCache
 from scheduler import worker_tasks
 from scheduler.adapters.loading import AdapterLoads
@@ -161,9 +161,7 @@ class Dispatcher:
         self._room, self._stopping = asyncio.Event(), asyncio.Event()
         self._room.set()
         queue = self._make_queue()
-        client = AsyncRedis(
-            settings.REDIS_URL,
-            sentinels=sentinels(),
+        client = async_client(
             max_connections=REDIS_CONNECTIONS,
             read_timeout_s=REDIS_READ_TIMEOUT_S,
         )

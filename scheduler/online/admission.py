@@ -40,7 +40,7 @@ from plumbing import request_ids, wire
 from plumbing.aio_redis import AsyncRedis
 from plumbing.change_marks import cache_by_marks
 from plumbing.errors import DomainError, Forbidden, NotFound
-from plumbing.redis import sentinels
+from plumbing.redis import async_client
 from plumbing.ttlcache import TtlCache
 from protocol.inference import (
     GENERATION_ENDPOINTS,
@@ -276,9 +276,7 @@ def _loop_state() -> _LoopState:
         # Waiting requests hold no connection (a pool's inbox reads for all of its jobs): the
         # pool is for the commands in flight (admissions' scripts, cancels, one inbox's read
         # per pool waited on).
-        client = AsyncRedis(
-            settings.REDIS_URL,
-            sentinels=sentinels(),
+        client = async_client(
             max_connections=settings.GPUSHARE_WEB_REDIS_CONNECTIONS,
             read_timeout_s=EVENTS_READ_TIMEOUT_S,
         )
