@@ -5,8 +5,10 @@ ways to send it), sent over `plumbing.aio_redis.AsyncRedis` so that no call bloc
 that makes it. Reads and writes that run off the hot path (policies, snapshots, checks)
 stay on `FairQueue`.
 
-Beyond `FairQueue`, calls made for many jobs at once are one round trip for all of them:
-`renew_leases`, `job_states` and `publish_many` (a dispatcher holds hundreds of runs).
+Beyond `FairQueue`, calls made for many jobs at once are one round trip for all the jobs of
+a pool, the pools' at once: `renew_leases`, `jobs_still_running` and `publish_many` (a
+dispatcher holds hundreds of runs). A pipeline is one node's, and a cluster serves each
+pool's slot on its own node.
 
 Under fencing (`FairQueue.fence`, see fairqueue/queue.py) a script call that replicas did
 not acknowledge raises NotReplicated, and what it decided is not acted on:
@@ -27,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import redis
@@ -48,6 +50,7 @@ from fairqueue.queue import (
     starved_entry,
 )
 from plumbing.aio_redis import AsyncRedis
+from plumbing.cluster import key_slot_of
 from plumbing.sentinel import NO_FENCE, Fence, NotReplicated, refused_for_replicas
 
 log = logging.getLogger(__name__)
@@ -109,11 +112,32 @@ class AsyncFairQueue:
     async def _run_many(
         self, name: str, calls: Sequence[tuple[str, Sequence[Any]]], *, fence: Fence = NO_FENCE
     ) -> list[Any]:
-        """One function call per (pool, argument list), in one round trip (with the `fence`'s
-        WAIT behind them)."""
+        """One function call per (pool, argument list), the answers in the calls' order: each
+        pool's calls in one round trip (with the `fence`'s WAIT behind them), the pools' at
+        once. A pipeline is one node's, and a cluster serves each pool's slot on its own; one
+        pool (the usual case) is one pipeline. NotReplicated where any pool's calls were not
+        acknowledged: its answer is all the answers, in the calls' order."""
         if not calls:
             return []
         commands = [(*self.queue.call_head(name, pool), *args) for pool, args in calls]
+        groups = _groups([pool for pool, _ in calls])
+        if len(groups) == 1:
+            return await self._pipeline_calls(commands, fence)
+        results = await asyncio.gather(
+            *(self._pipeline_calls([commands[i] for i in group], fence) for group in groups),
+            return_exceptions=True,
+        )
+        short = [result for result in results if isinstance(result, NotReplicated)]
+        answers = _in_calls_order(
+            groups,
+            [result.answer if isinstance(result, NotReplicated) else result for result in results],
+        )
+        if short:
+            raise NotReplicated(answers, min(each.acked for each in short), short[0].wanted)
+        return answers
+
+    async def _pipeline_calls(self, commands: list[tuple[Any, ...]], fence: Fence) -> list[Any]:
+        """Function calls in one pipeline, the library loaded first where Redis lacks it."""
         try:
             return await self.redis.pipeline(commands, fence=fence)
         except redis.exceptions.ResponseError as error:
@@ -299,23 +323,49 @@ class AsyncFairQueue:
         return [bool(answer) for answer in await self._run_many("renew", calls)]
 
     async def jobs_still_running(self, jobs: Sequence[Job]) -> list[bool]:
-        """Whether each job is still running as its attempt (one round trip for all)."""
+        """Whether each job is still running as its attempt: one round trip per pool, the
+        pools' at once (as `_run_many`)."""
         if not jobs:
             return []
         commands = [
             ("HMGET", self.keys.job(job.pool, job.job_id), "state", "attempt") for job in jobs
         ]
-        answers = await self.redis.pipeline(commands)
+        groups = _groups([job.pool for job in jobs])
+        if len(groups) == 1:
+            answers = await self.redis.pipeline(commands)
+        else:
+            results = await asyncio.gather(
+                *(self.redis.pipeline([commands[i] for i in group]) for group in groups),
+                return_exceptions=True,
+            )
+            answers = _in_calls_order(groups, results)
         return [
             state is not None and _text(state) == "running" and int(attempt or 0) == job.attempt
             for job, (state, attempt) in zip(jobs, answers, strict=True)
         ]
 
     async def publish_many(self, events: list[tuple[str, str | bytes]]) -> None:
-        """Appends entries ((list key, entry), in order) to their lists, in one round trip
-        (see `FairQueue.publish_commands`)."""
-        if events:
+        """Appends entries ((list key, entry), in order) to their lists: one transaction
+        (`FairQueue.publish_commands`) per slot of the lists, in one round trip each, the
+        slots' at once. A transaction is one node's; the lists of a pool share its slot, so
+        one pool's events (the usual case) are one transaction. Each list keeps its entries'
+        order; every transaction is answered before an error of one is raised."""
+        if not events:
+            return
+        groups = _groups([key_slot_of(key) for key, _ in events])
+        if len(groups) == 1:
             await self.redis.pipeline(self.queue.publish_commands(events))
+            return
+        results = await asyncio.gather(
+            *(
+                self.redis.pipeline(self.queue.publish_commands([events[i] for i in group]))
+                for group in groups
+            ),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def wait_for_work(
         self, pool: str, loop: DispatchLoop, timeout_s: float, stop: asyncio.Event
@@ -341,3 +391,27 @@ class AsyncFairQueue:
 
     async def stop_waiting(self, pool: str, loop: DispatchLoop) -> bool:
         return bool(await self._run("stop_waiting", pool, pool, loop.token))
+
+
+def _groups(tags: Sequence[Hashable]) -> list[list[int]]:
+    """The positions of `tags`, grouped by tag (a pool, a slot), in the order each tag comes
+    first; each group's positions in order."""
+    groups: dict[Hashable, list[int]] = {}
+    for i, tag in enumerate(tags):
+        groups.setdefault(tag, []).append(i)
+    return list(groups.values())
+
+
+def _in_calls_order(
+    groups: list[list[int]], results: Sequence[list[Any] | BaseException]
+) -> list[Any]:
+    """Each group's answers (one per position, `asyncio.gather`'s with return_exceptions) put
+    back at their calls' positions. An error of a group is raised (the first in the groups'
+    order) once every group has answered: none is left running unread."""
+    answers: list[Any] = [None] * sum(len(group) for group in groups)
+    for group, result in zip(groups, results, strict=True):
+        if isinstance(result, BaseException):
+            raise result
+        for i, answer in zip(group, result, strict=True):
+            answers[i] = answer
+    return answers

@@ -24,6 +24,8 @@ _SCRIPTS = frozenset({"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCAL
 _EVERY_KEY = frozenset({"MGET", "DEL", "EXISTS", "UNLINK", "TOUCH", "WATCH", "SDIFF", "SINTER",
                         "SUNION", "PFCOUNT"})  # fmt: skip
 _BLOCKING_POPS = frozenset({"BLPOP", "BRPOP", "BZPOPMIN", "BZPOPMAX"})  # keys, then a timeout
+_COUNTED_KEYS = frozenset({"LMPOP", "ZMPOP", "SINTERCARD", "ZINTERCARD"})  # numkeys, keys...
+_BLOCKING_COUNTED_KEYS = frozenset({"BLMPOP", "BZMPOP"})  # a timeout, numkeys, keys...
 _KEYLESS = frozenset({"PING", "WAIT", "INFO", "TIME", "ECHO", "ASKING", "READONLY", "READWRITE",
                       "CLUSTER", "COMMAND", "CLIENT", "CONFIG", "DBSIZE", "FUNCTION", "SCRIPT",
                       "MULTI", "EXEC", "DISCARD", "HELLO", "AUTH", "SELECT"})  # fmt: skip
@@ -57,15 +59,24 @@ def command_keys(args: Sequence[Arg]) -> list[Arg]:
         return list(args[1:])
     if name in _BLOCKING_POPS:
         return list(args[1:-1])
+    if name in _COUNTED_KEYS:
+        return list(args[2 : 2 + int(_text(args[1]))])
+    if name in _BLOCKING_COUNTED_KEYS:
+        return list(args[3 : 3 + int(_text(args[2]))])
     if name in ("MSET", "MSETNX"):
         return list(args[1::2])
     return [args[1]]
 
 
+def key_slot_of(key: Arg) -> int:
+    """The slot of one key (of its `{hash tag}` where it has one)."""
+    return key_slot(_key_bytes(key))
+
+
 def command_slot(args: Sequence[Arg]) -> int | None:
     """The slot of the command's first key; None for a command without one."""
     keys = command_keys(args)
-    return key_slot(_key_bytes(keys[0])) if keys else None
+    return key_slot_of(keys[0]) if keys else None
 
 
 def pipeline_slot(commands: Sequence[Sequence[Arg]]) -> int | None:
@@ -74,7 +85,7 @@ def pipeline_slot(commands: Sequence[Sequence[Arg]]) -> int | None:
     slot: int | None = None
     for command in commands:
         for key in command_keys(command):
-            found = key_slot(_key_bytes(key))
+            found = key_slot_of(key)
             if slot is None:
                 slot = found
             elif found != slot:

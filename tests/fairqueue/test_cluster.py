@@ -151,3 +151,58 @@ def test_the_event_loops_client_picks_and_releases_on_the_cluster(
     assert asyncio.run(work()) == jobs
     assert fq.tenant_held_bytes(["a"]) == {"a": 0}
     assert fq.check().ok
+
+
+def test_a_dispatchers_batches_span_pools_on_different_primaries(
+    cluster: RedisCluster, cluster_fq: FairQueue
+) -> None:
+    """The calls a dispatcher makes for all its runs at once (renew_leases,
+    jobs_still_running, publish_many), for runs of two pools whose slots are on different
+    primaries: each pool's part goes to its own primary, the answers in the callers' order."""
+    fq, keys = cluster_fq, Keys()
+    tenants = {"p": "a", "q": "b"}  # a tenant's quota is leased to the pool it runs in
+    for pool, tenant in tenants.items():
+        fq.set_tenant_policy(tenant, TenantPolicy(1, 4 * UNIT))
+        fq.set_engine_policy(EnginePolicy(f"e-{pool}", pool, 8 * UNIT, 8))
+    client = fq.redis
+    assert isinstance(client, PyRedisCluster)
+    assert client.get_node_from_key(keys.pool_tag("p")) != client.get_node_from_key(
+        keys.pool_tag("q")
+    )
+    for pool in ("p", "q", "p"):
+        submit(fq, pool, tenants[pool], now=None)
+    jobs = [fq.pick(pool, f"e-{pool}") for pool in ("p", "q", "p")]
+    running = [job for job in jobs if job is not None]
+    assert [job.pool for job in running] == ["p", "q", "p"]
+    # The first job's run ended (another attempt of it, as the reaper's): not ours any more.
+    assert fq.requeue("p", running[0].job_id, attempt=running[0].attempt)
+    inboxes = [keys.inbox("p", "w1"), keys.inbox("q", "w1")]
+
+    async def work() -> tuple[list[bool], list[bool]]:
+        aio = AsyncRedisCluster(cluster.url, max_connections=4, read_timeout_s=5)
+        queue = AsyncFairQueue(fq, aio)
+        try:
+            renewed = await queue.renew_leases(running)
+            still = await queue.jobs_still_running(running)
+            await queue.publish_many(
+                [
+                    (inboxes[0], b"1 one"),
+                    (keys.events("q", running[1].job_id), '{"event":"note","n":1}'),
+                    (inboxes[1], b"2 two"),
+                    (inboxes[0], b"3 three"),
+                    (keys.events("q", running[1].job_id), '{"event":"note","n":2}'),
+                ]
+            )
+            return renewed, still
+        finally:
+            aio.close()
+
+    assert asyncio.run(work()) == ([False, True, True], [False, True, True])
+    assert client.lrange(inboxes[0], 0, -1) == ["1 one", "3 three"]
+    assert client.lrange(inboxes[1], 0, -1) == ["2 two"]
+    assert fq.events("q", running[1].job_id) == [
+        {"event": "note", "n": 1},
+        {"event": "note", "n": 2},
+    ]
+    for key in (*inboxes, keys.events("q", running[1].job_id)):
+        assert 0 < client.ttl(key) <= fq.config.keep_s

@@ -47,13 +47,21 @@ async def _with_client(url: str, work: Any) -> Any:
 
 
 # The commands the fair queue and the web send, as they send them: a library call with its
-# pool's tag, the job's hash and events, a waiter's inbox, a tenant's limits.
+# pool's tag, the job's hash and events, a waiter's inbox, a tenant's limits; and the
+# commands whose keys follow their count (BLMPOP reads an inbox), routed by those keys.
 COMMANDS: list[tuple[Any, ...]] = [
     ("FCALL", "gs_pick", 1, "gs:fq:{p:demo}:pool", "a", "b"),
     ("EVALSHA", "0" * 40, 2, "{t:acme}:rpm", "{t:acme}:tpm", "x"),
     ("HGETALL", "gs:fq:{p:demo}:job:abc"),
     ("HGET", "gs:fq:job:abc", "answered"),
     ("BLPOP", "gs:fq:{p:demo}:inbox:w1", 5),
+    ("BLMPOP", 5, 1, "gs:fq:{p:demo}:inbox:w1", "LEFT", "COUNT", 64),
+    ("BLMPOP", 0.5, 2, "{p:demo}:a", "{p:demo}:b", "RIGHT"),
+    ("BZMPOP", 5, 1, "gs:fq:{p:big pool}:inflight", "MIN"),
+    ("LMPOP", 2, "gs:fq:{p:demo}:inbox:w1", "gs:fq:{p:demo}:inbox:w2", "LEFT"),
+    ("ZMPOP", 1, "gs:fq:{p:big pool}:inflight", "MAX", "COUNT", 2),
+    ("SINTERCARD", 2, "{t:acme}:a", "{t:acme}:b", "LIMIT", 5),
+    ("ZINTERCARD", 1, "gs:fq:{p:demo}:waiting"),
     ("MGET", "{t:acme}:a", "{t:acme}:b"),
     ("EXISTS", "gs:fq:job:xyz"),
     ("RPUSH", "gs:fq:loop:t1:wake", "1"),
