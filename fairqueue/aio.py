@@ -37,6 +37,7 @@ import redis
 from fairqueue import library
 from fairqueue.domain import DispatchLoop, FairQueueConfig, Job, LeaseWant
 from fairqueue.keys import Keys
+from fairqueue.leases import tenant_slot_of
 from fairqueue.queue import (
     ASK_LEASE,
     MAX_ASKS,
@@ -242,8 +243,10 @@ class AsyncFairQueue:
     async def grow_lease(self, want: LeaseWant) -> bool:
         """`FairQueue.grow_lease`, from an event loop."""
         quota, lease = self.keys.lease_quota(want.tenant), self.keys.lease(want.pool, want.tenant)
+        slot = tenant_slot_of(await self.redis.call("HGETALL", quota))
+        asked = slot.ask(want.pool, want=want.want, need=want.need, idle=want.idle)
         idle = "1" if want.idle else "0"
-        granted, seq = await self._run_keyed("lease_grant", quota, want.pool, want.want, idle)
+        granted, seq = await self._run_keyed("lease_grant", quota, want.pool, asked, idle)
         granted = int(granted)
         applied = granted > 0 and bool(
             await self._run_keyed("lease_apply", lease, granted, int(seq))

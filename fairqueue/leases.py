@@ -36,6 +36,25 @@ def _fields(flat: Any) -> dict[str, str]:
     return {_text(name): _text(value) for name, value in dict(flat).items()}
 
 
+def tenant_slot_of(reply: Any) -> TenantSlot:
+    """A tenant's slot from its hash (HGETALL's reply: a dict, or a flat list from the
+    event loops' client)."""
+    if isinstance(reply, list | tuple):
+        reply = dict(zip(reply[::2], reply[1::2], strict=True))
+    slot = TenantSlot()
+    for name, value in _fields(reply).items():
+        kind, _, pool = name.partition(":")
+        if kind == "quota":
+            slot.quota = int(value)
+        elif kind == "burst":
+            slot.burst = int(value)
+        elif kind == "lease":
+            slot.leased[pool] = int(value)
+        elif kind == "seq":
+            slot.seq[pool] = int(value)
+    return slot
+
+
 class Leases:
     def __init__(self, client: redis.Redis | RedisCluster, prefix: str = DEFAULT_PREFIX) -> None:
         self.redis = client
@@ -92,18 +111,7 @@ class Leases:
 
     def tenant_slot(self, tenant: str) -> TenantSlot:
         """What the tenant's slot holds, read back."""
-        slot = TenantSlot()
-        for name, value in _fields(self.redis.hgetall(self._tenant_key(tenant))).items():
-            kind, _, pool = name.partition(":")
-            if kind == "quota":
-                slot.quota = int(value)
-            elif kind == "burst":
-                slot.burst = int(value)
-            elif kind == "lease":
-                slot.leased[pool] = int(value)
-            elif kind == "seq":
-                slot.seq[pool] = int(value)
-        return slot
+        return tenant_slot_of(self.redis.hgetall(self._tenant_key(tenant)))
 
     # --- a pool's slot ----------------------------------------------------------------------
 

@@ -77,6 +77,18 @@ class TenantSlot:
     def total(self) -> int:
         return sum(self.leased.values())
 
+    def ask(self, pool: str, *, want: int, need: int, idle: bool) -> int:
+        """How much a pool asks for, where its lease holds a job back that needs `need` more
+        bytes and `want` would bring the lease up to the tenant's whole quota (quota + burst
+        where `idle`). The whole of it while no other pool leases any of the tenant's quota:
+        a tenant that uses one pool asks once. Else half of what is not leased (at least
+        `need`): each pool that asks leaves some for the next, and a tenant's pools share
+        its quota without waiting for housekeeping's rebalance each time."""
+        if not any(bytes_ > 0 for other, bytes_ in self.leased.items() if other != pool):
+            return want
+        limit = self.quota + (self.burst if idle else 0)
+        return min(want, max(need, (limit - self.total()) // 2))
+
     def set_policy(self, quota: int, burst: int) -> None:
         """A new quota and burst. Leases above a lowered quota stay until shrinks give them
         back; no grant is made meanwhile."""

@@ -571,11 +571,15 @@ class FairQueue:
         return picked
 
     def grow_lease(self, want: LeaseWant) -> bool:
-        """Asks the tenant's slot for the lease a pick wanted and applies the grant in the
-        pool (two calls, one per slot). A pool granted less than the job needs is recorded
+        """Asks the tenant's slot for the lease a pick wanted (as much as `TenantSlot.ask`
+        says, from what the slot leases now) and applies the grant in the pool (three calls:
+        two in the tenant's slot, one in the pool's). A pool granted less than the job needs
+        is recorded
         starved: housekeeping then brings the tenant's unused leases back from its other
         pools (`rebalance_leases`). Returns whether a grant was applied."""
-        grant = self.leases.grant(want.tenant, want.pool, want.want, idle=want.idle)
+        slot = self.leases.tenant_slot(want.tenant)
+        asked = slot.ask(want.pool, want=want.want, need=want.need, idle=want.idle)
+        grant = self.leases.grant(want.tenant, want.pool, asked, idle=want.idle)
         applied = self.leases.apply(grant)
         if not applied or grant.granted < want.need:
             self.redis.sadd(self.keys.lease_starved(), starved_entry(want.tenant, want.pool))

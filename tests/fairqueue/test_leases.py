@@ -19,7 +19,14 @@ from redis.crc import key_slot
 from fairqueue import library
 from fairqueue.keys import Keys
 from fairqueue.leases import Leases
-from fairqueue.leases_model import Grant, LeaseModel, PoolLease, Standing, lease_problems
+from fairqueue.leases_model import (
+    Grant,
+    LeaseModel,
+    PoolLease,
+    Standing,
+    TenantSlot,
+    lease_problems,
+)
 from tests.support.redis_cluster import RedisCluster
 
 # --- the model ----------------------------------------------------------------------------
@@ -331,3 +338,14 @@ def test_the_functions_decide_as_the_model_does_on_a_cluster(
     cluster_leases: Leases, seed: int
 ) -> None:
     assert run_sequence(seed, STEPS, cluster_leases) >= SEEN
+
+
+def test_a_pool_asks_the_whole_quota_alone_and_half_of_what_is_free_beside_others() -> None:
+    slot = TenantSlot(quota=100, burst=20)
+    assert slot.ask("p", want=100, need=10, idle=False) == 100  # no other pool leases any
+    slot.leased = {"p": 40, "q": 0}
+    assert slot.ask("p", want=60, need=10, idle=False) == 60  # q leases nothing: still alone
+    assert slot.ask("q", want=100, need=10, idle=False) == 30  # half of the 60 not leased
+    assert slot.ask("q", want=120, need=10, idle=True) == 40  # the burst counts when idle
+    assert slot.ask("q", want=100, need=45, idle=False) == 45  # at least what the job needs
+    assert slot.ask("q", want=20, need=10, idle=False) == 20  # never more than it wanted
