@@ -573,6 +573,9 @@ def main() -> None:
                         help="more redis-server arguments, as one string: a configuration to "
                         "measure, e.g. '--zset-max-listpack-entries 16' (with --cluster, "
                         "set on each primary with CONFIG SET once it runs)")  # fmt: skip
+    parser.add_argument("--no-admit", action="store_true",
+                        help="skip the limits' admission (its settle still runs), as the "
+                        "cluster replay must: the same lifecycle on both")  # fmt: skip
     parser.add_argument("--cluster", action="store_true",
                         help="replay on a Redis Cluster of three primaries of its own, "
                         "through redis-py's RedisCluster")  # fmt: skip
@@ -606,9 +609,13 @@ def main() -> None:
     from scheduler.pools.policies import fair_queue
 
     client = redis.Redis.from_url(server.url)
-    target = Target(client, fair_queue(), [client], counter=server)
+    skip = "--no-admit" if args.no_admit else ""
+    target = Target(client, fair_queue(), [client], counter=server, skip_admit=skip)
     print(f"redis-server {server.version}, {args.requests} requests per shape, "
           f"{SEATS_PER_ENGINE} seats per engine, a 2 KB body each")  # fmt: skip
+    if skip:
+        print(f"skipped: the limits' admission (limits_admit), {skip}; its settle still runs, "
+              "on a counter the admission did not write")  # fmt: skip
     print_header()
     try:
         for shape in shapes:
