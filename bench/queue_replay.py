@@ -22,9 +22,23 @@ Per shape (engines in the pool x tenants):
 
     .venv/bin/python bench/queue_replay.py            # the issue's shapes
     .venv/bin/python bench/queue_replay.py --engines 1,128 --tenants 100 --requests 2000
+    .venv/bin/python bench/queue_replay.py --cluster  # the same on a cluster of 3 primaries
 
-Redis Cluster is not replayed: the queue's scripts do not declare their keys
-(docs/proposals/0001-fair-queue-on-redis-cluster.md).
+With --cluster, the same replay runs on a Redis Cluster of three primaries this script
+starts (tests/support/redis_cluster.py: free ports, no persistence), through redis-py's
+RedisCluster, the threads' client. Every fair-queue call declares one key, its pool's hash
+tag `{p:<pool>}`, and is routed to that slot's primary; a tenant's quota is leased to its
+pools from the tenant's own slot (`{t:<tenant>}`, fairqueue/leases.py). The replay has
+--pools pools (3: one per primary), each with the shape's engines; tenant i sends to pool
+i mod pools (each request goes to a pool drawn at random, then to one of its tenants), or
+to that pool and the next ones (--tenant-pools: its quota is leased to them in turn, and
+housekeeping's rebalance of the leases runs every 2 s). The tenants' limits
+(tenants/limits.py) run through the same cluster client; a step that Redis Cluster refuses
+(keys in several slots, or not declared) is skipped, and named with Redis's answer. It
+prints the CPU per request summed over the primaries, each primary's, and the fleet's
+ceiling: the requests per second one primary carries at the cluster's CPU per request,
+times the primaries; and the busiest primary's own limit (one CPU second per second, at its
+CPU per request of the fleet's).
 """
 
 from __future__ import annotations
@@ -51,6 +65,7 @@ GIB = 1024**3
 SEATS_PER_ENGINE = 16
 BODY = "x" * 2048
 INBOX = "web-1"
+HOUSEKEEPING_S = 2.0  # GPUSHARE_HOUSEKEEPING_INTERVAL_S's default
 
 
 def free_port() -> int:
@@ -118,11 +133,15 @@ class Server:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def command_stats(client: Any) -> dict[str, tuple[int, float]]:
-    """Each command's calls and time (us) so far."""
-    stats = client.info("commandstats")
-    return {name.removeprefix("cmdstat_"): (int(v["calls"]), float(v["usec"]))
-            for name, v in stats.items()}  # fmt: skip
+def command_stats(nodes: list[Any]) -> dict[str, tuple[int, float]]:
+    """Each command's calls and time (us) so far, summed over `nodes` (the redis-servers)."""
+    total: dict[str, tuple[int, float]] = {}
+    for node in nodes:
+        for name, v in node.info("commandstats").items():
+            calls, usec = total.get(name.removeprefix("cmdstat_"), (0, 0.0))
+            total[name.removeprefix("cmdstat_")] = (calls + int(v["calls"]),
+                                                    usec + float(v["usec"]))  # fmt: skip
+    return total
 
 
 # A script's time counts the commands it calls, which INFO commandstats counts again under
@@ -130,45 +149,49 @@ def command_stats(client: Any) -> dict[str, tuple[int, float]]:
 SCRIPT_COMMANDS = ("evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro")
 
 
-def script_usec(client: Any) -> float:
+def script_usec(nodes: list[Any]) -> float:
     """The time Redis spent in scripts and functions (EVALSHA, EVAL, FCALL) so far."""
-    stats = client.info("commandstats")
-    return float(sum(stats.get(f"cmdstat_{name}", {}).get("usec", 0) for name in SCRIPT_COMMANDS))
+    return float(sum(node.info("commandstats").get(f"cmdstat_{name}", {}).get("usec", 0)
+                     for node in nodes for name in SCRIPT_COMMANDS))  # fmt: skip
 
 
 class Breakdown:
     """Each step's script time, read around it (--breakdown: slower, for finding the cost)."""
 
-    def __init__(self, client: Any, on: bool) -> None:
-        self.client, self.on = client, on
+    def __init__(self, nodes: list[Any], on: bool) -> None:
+        self.nodes, self.on = nodes, on
         self.usec: dict[str, float] = {}
 
     def step(self, name: str, work: Any) -> Any:
         if not self.on:
             return work()
-        before = script_usec(self.client)
+        before = script_usec(self.nodes)
         result = work()
-        self.usec[name] = self.usec.get(name, 0.0) + script_usec(self.client) - before
+        self.usec[name] = self.usec.get(name, 0.0) + script_usec(self.nodes) - before
         return result
 
 
-def server_cpu_s(client: Any) -> float:
-    info = client.info("cpu")
+def server_cpu_s(node: Any) -> float:
+    info = node.info("cpu")
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def used_memory(client: Any) -> int:
-    return int(client.info("memory")["used_memory"])
+def used_memory(nodes: list[Any]) -> int:
+    return sum(int(node.info("memory")["used_memory"]) for node in nodes)
 
 
-def settled_memory(client: Any, keys: int) -> int:
+def key_count(nodes: list[Any]) -> int:
+    return sum(int(node.dbsize()) for node in nodes)
+
+
+def settled_memory(nodes: list[Any], keys: int) -> int:
     """used_memory once the keys that expired are gone: Redis removes them in its own time,
     so wait until the key count stops falling to `keys` or below."""
     for _ in range(200):
-        if int(client.dbsize()) <= keys:
+        if key_count(nodes) <= keys:
             break
         time.sleep(0.05)
-    return used_memory(client)
+    return used_memory(nodes)
 
 
 @dataclass
@@ -177,34 +200,62 @@ class Shape:
     tenants: int
 
 
-class Replay:
-    def __init__(self, server: Server, shape: Shape) -> None:
-        import redis
+@dataclass
+class Target:
+    """Where a replay runs: the client of its own calls (the inbox, the ledger, memory), the
+    fair queue, and the redis-servers whose INFO it reads (one, or each primary)."""
 
+    client: Any
+    queue: Any
+    nodes: list[Any]
+    counter: Server | None = None  # the server whose instructions are counted (callgrind)
+    skip_admit: str = ""  # why the limits' admission is not replayed ('': it is)
+
+
+class Replay:
+    def __init__(
+        self, target: Target, shape: Shape, pools: list[str], tenant_pools: int = 1
+    ) -> None:
         from fairqueue.domain import EnginePolicy, TenantPolicy
-        from scheduler.pools.policies import fair_queue
         from tenants.models import Tenant
         from tenants.usage_buffer import outbox
 
-        self.server = server
-        self.client = redis.Redis.from_url(server.url)
-        self.client.flushall()
-        self.queue = fair_queue()
+        self.target = target
+        self.client = target.client
+        self.nodes = target.nodes
+        self.client.flushall()  # every primary of a cluster
+        self.queue = target.queue
         self.shape = shape
-        self.pending_key = outbox(POOL)
-        for i in range(shape.engines):
-            self.queue.set_engine_policy(
-                EnginePolicy(f"e{i}", POOL, 40 * GIB, SEATS_PER_ENGINE, queued=0)
-            )
+        self.pools = pools
+        self.pending_keys = [outbox(pool) for pool in pools]
+        for pool in pools:
+            for i in range(shape.engines):
+                engine = f"e{i}" if len(pools) == 1 else f"{pool}-e{i}"
+                self.queue.set_engine_policy(
+                    EnginePolicy(engine, pool, 40 * GIB, SEATS_PER_ENGINE, queued=0)
+                )
         self.slugs = [f"t{i}" for i in range(shape.tenants)]
         self.tenants = []
         for i, slug in enumerate(self.slugs):
             self.queue.set_tenant_policy(slug, TenantPolicy(1 + i % 4, 1000 * GIB))
             self.tenants.append(Tenant(pk=i + 1, slug=slug, rpm_limit=10**7, tpm_limit=10**10))
+        # Tenant i sends to pool i mod pools, and the next tenant_pools - 1 (one pool: every
+        # tenant to it).
+        self.tenant_pools = tenant_pools
+        self.members = [
+            [i for i in range(shape.tenants)
+             if any((i + k) % len(pools) == j for k in range(tenant_pools))]
+            for j in range(len(pools))
+        ]  # fmt: skip
+        if not all(self.members):
+            raise SystemExit(f"{shape.tenants} tenants leave a pool of {len(pools)} unused")
+        self.rebalanced = 0
+        self.empty: list[str] = []  # a seat left empty, by its pool
+        self.left_empty = 0
         self.rng = random.Random(7)
-        self.inbox = self.queue.keys.inbox(POOL, INBOX)
+        self.inboxes = {pool: self.queue.keys.inbox(pool, INBOX) for pool in pools}
         self.admissions: dict[str, Any] = {}
-        self.breakdown = Breakdown(self.client, False)
+        self.breakdown = Breakdown(self.nodes, False)
         # The dispatcher's turn picks for the engine its job ran on (a tree from before that
         # had no choice: it looked at every engine of the pool).
         turn = inspect.signature(self.queue.release_and_pick).parameters
@@ -213,46 +264,74 @@ class Replay:
         # queue knows of affinity: a replay of an older commit runs without).
         self.affine = "affinity" in inspect.signature(self.queue.enqueue_args).parameters
 
-    def arrive(self) -> None:
-        from tenants.limits import limits_admit
+    def admit(self, i: int) -> Any:
+        from tenants.limits import Admission, limits_admit
 
-        i = self.rng.randrange(self.shape.tenants)
-        admission = self.breakdown.step(
-            "admit", lambda: limits_admit(tenant=self.tenants[i], estimated_tokens=600)
-        )
-        payload = {"inbox": self.inbox, "endpoint": "chat", "stream": False,
-                   "body": {"model": POOL, "messages": [{"role": "user", "content": BODY}]},
-                   "tenant_id": i + 1, "model": POOL, "admission": admission.settling_fields(),
+        if self.target.skip_admit:  # what settling it needs, as if it had been counted
+            return Admission(i + 1, 600, int(time.time() // 60), None)
+        return limits_admit(tenant=self.tenants[i], estimated_tokens=600)
+
+    def arrive(self, pool_index: int | None = None) -> None:
+        j = pool_index if pool_index is not None else (
+            self.rng.randrange(len(self.pools)) if len(self.pools) > 1 else 0)  # fmt: skip
+        pool, members = self.pools[j], self.members[j]
+        i = members[self.rng.randrange(len(members))]
+        admission = self.breakdown.step("admit", lambda: self.admit(i))
+        inbox = self.inboxes[pool]
+        payload = {"inbox": inbox, "endpoint": "chat", "stream": False,
+                   "body": {"model": pool, "messages": [{"role": "user", "content": BODY}]},
+                   "tenant_id": i + 1, "model": pool, "admission": admission.settling_fields(),
                    "received_at": time.time()}  # fmt: skip
         summary = {k: v for k, v in payload.items() if k != "body"}
         job, _ = self.breakdown.step("enqueue", lambda: self.queue.enqueue_summoning(
-            tenant=self.slugs[i], pool=POOL, request_class="standard", prompt_tokens=512,
+            tenant=self.slugs[i], pool=pool, request_class="standard", prompt_tokens=512,
             max_tokens=88, kv_bytes=64 * 1024 * 1024, payload=json.dumps(payload),
-            summary=json.dumps(summary), inbox=self.inbox,
+            summary=json.dumps(summary), inbox=inbox,
             **({"affinity": f"tenant:{i + 1}"} if self.affine else {}),
         ))  # fmt: skip
         self.admissions[job.job_id] = admission
 
-    def fill_one(self) -> Any:
-        job = self.queue.pick(POOL)
+    def fill_one(self, pool: str) -> Any:
+        job = self.queue.pick(pool)
         if job is None:
             raise RuntimeError("nothing to pick")
         return job
 
     def fill(self) -> list[Any]:
         running = []
-        for _ in range(self.shape.engines * SEATS_PER_ENGINE):
-            job = self.queue.pick(POOL)
+        for pool in self.pools:
+            for _ in range(self.shape.engines * SEATS_PER_ENGINE):
+                job = self.queue.pick(pool)
+                if job is None:
+                    if self.tenant_pools == 1:
+                        raise RuntimeError("a seat stayed empty")
+                    self.empty.append(pool)  # its tenants' quota is leased to other pools
+                else:
+                    running.append(job)
+        for _ in range(20):  # housekeeping's turns until every seat is busy
+            if not self.empty:
+                return running
+            self.housekeeping(running)
+        raise RuntimeError("seats stayed empty through 20 rebalances of the leases")
+
+    def housekeeping(self, running: list[Any]) -> None:
+        """Housekeeping's rebalance of the starved tenants' leases, and a pick for each empty
+        seat (the pool's loop, kicked)."""
+        self.rebalanced += len(self.queue.rebalance_leases())
+        empty, self.empty = self.empty, []
+        for pool in empty:
+            job = self.queue.pick(pool)
             if job is None:
-                raise RuntimeError("a seat stayed empty")
-            running.append(job)
-        return running
+                self.empty.append(pool)
+            else:
+                running.append(job)
 
     def end(self, job: Any) -> Any:
         """The job's run ends: released with its last words and the pool's next pick; the
         web reads its answer and settles its limits."""
         from fairqueue.queue import LastWords
         from tenants.limits import limits_settle
+        from tenants.usage_buffer import outbox
 
         done = {
             "event": "done",
@@ -266,83 +345,210 @@ class Replay:
                 "tenant": job.tenant,
                 "prompt_tokens": 500,
                 "completion_tokens": 80,
-                "model": POOL,
+                "model": job.pool,
                 "finished_at": time.time(),
             }
         )
-        words = LastWords(event=done, outbox=self.pending_key, entry=row, ttft_s=0.2)
+        words = LastWords(event=done, outbox=outbox(job.pool), entry=row, ttft_s=0.2)
         _, next_job = self.breakdown.step("release_pick", lambda: self.queue.release_and_pick(
-            job, 500, 80, pool=POOL, last_words=words, **self.turn
+            job, 500, 80, pool=job.pool, last_words=words, **self.turn
         ))  # fmt: skip
-        self.client.lpop(self.inbox, 16)
+        self.client.lpop(self.inboxes[job.pool], 16)
         admission = self.admissions.pop(job.job_id)
         self.breakdown.step("settle", lambda: limits_settle(admission=admission, used_tokens=580))
         return next_job
 
     def run(self, requests: int, keep_s: int, breakdown: bool) -> dict[str, Any]:
-        client = self.client
-        # One request's whole life first: every script is loaded (a script's text is
-        # Redis memory too), and the pool's own keys exist.
-        self.arrive()
-        first = self.fill_one()
-        self.end(first)
-        client.delete(self.inbox, self.pending_key)
-        empty = used_memory(client)
-        seats = self.shape.engines * SEATS_PER_ENGINE
+        client, nodes, counter = self.client, self.nodes, self.target.counter
+        # One request's whole life first (in each pool): every script is loaded (a script's
+        # text is Redis memory too), and the pool's own keys exist.
+        for j, pool in enumerate(self.pools):
+            self.arrive(j)
+            first = self.fill_one(pool)
+            self.end(first)
+        for key in [*self.inboxes.values(), *self.pending_keys]:
+            client.delete(key)
+        empty = used_memory(nodes)
+        seats = self.shape.engines * SEATS_PER_ENGINE * len(self.pools)
         waiting = max(seats, 2000)  # a queue behind the seats (and many to measure)
         for _ in range(seats + waiting):
             self.arrive()
-        with_waiting = used_memory(client)
+        with_waiting = used_memory(nodes)
         running = self.fill()
-        in_flight = used_memory(client)
-        keys_in_flight = int(client.dbsize())
+        in_flight = used_memory(nodes)
+        keys_in_flight = key_count(nodes)
         # Waiting jobs: (seats + waiting) enqueued; then `seats` of them picked.
         per_waiting = (with_waiting - empty) / (seats + waiting)
         per_running = per_waiting + (in_flight - with_waiting) / seats
-        commands, cpu = command_stats(client), server_cpu_s(client)
+        idle_ms_s: list[float] = []
+        if len(nodes) > 1:  # what the primaries spend idle (cron, the cluster's bus), per s
+            before_idle = [server_cpu_s(node) for node in nodes]
+            time.sleep(2)
+            idle_ms_s = [
+                (server_cpu_s(n) - b) * 1000 / 2 for n, b in zip(nodes, before_idle, strict=True)
+            ]
+        commands = [command_stats([node]) for node in nodes]
+        cpu = [server_cpu_s(node) for node in nodes]
         started = time.perf_counter()
+        housekept = started
         self.breakdown.on = breakdown
-        self.server.count(True)
+        self.rebalanced = 0
+        if counter is not None:
+            counter.count(True)
         for turn in range(requests):
             if time.perf_counter() - started > keep_s:
                 raise RuntimeError("the replay outlasted --keep-s: finished jobs expired in it")
             self.arrive()
             job = running.pop(self.rng.randrange(len(running)))
             next_job = self.end(job)
-            if next_job is None:
+            if next_job is not None:
+                running.append(next_job)
+            elif self.tenant_pools == 1:
                 raise RuntimeError("a released seat was not refilled")
-            running.append(next_job)
+            else:  # until housekeeping brings its tenants' leases back
+                self.empty.append(job.pool)
+                self.left_empty += 1
             if turn % 100 == 99:  # the ledger's flusher
-                client.ltrim(self.pending_key, 100, -1)
-        self.server.count(False)
-        instructions = self.server.instructions() / requests if self.server.counting else 0.0
+                for key in self.pending_keys:
+                    client.ltrim(key, 100, -1)
+            if self.tenant_pools > 1 and time.perf_counter() - housekept >= HOUSEKEEPING_S:
+                housekept = time.perf_counter()
+                self.housekeeping(running)
+        replay_s = time.perf_counter() - started
+        if counter is not None:
+            counter.count(False)
+        counting = counter is not None and counter.counting
+        instructions = counter.instructions() / requests if counter and counting else 0.0
         self.breakdown.on = False
-        spent = {
-            name: ((calls - commands.get(name, (0, 0.0))[0]) / requests,
-                   (usec - commands.get(name, (0, 0.0))[1]) / requests)
-            for name, (calls, usec) in command_stats(client).items()
-        }  # fmt: skip
-        usec = sum(spent[name][1] for name in SCRIPT_COMMANDS if name in spent)
-        cpu_ms = (server_cpu_s(client) - cpu) / requests * 1000
-        client.delete(self.pending_key)
-        finished = used_memory(client)
+        per_node = []
+        spent: dict[str, tuple[float, float]] = {}
+        for node, before, cpu_before in zip(nodes, commands, cpu, strict=True):
+            node_spent = {
+                name: ((calls - before.get(name, (0, 0.0))[0]) / requests,
+                       (usec - before.get(name, (0, 0.0))[1]) / requests)
+                for name, (calls, usec) in command_stats([node]).items()
+            }  # fmt: skip
+            for name, (n, usec) in node_spent.items():
+                was = spent.get(name, (0.0, 0.0))
+                spent[name] = (was[0] + n, was[1] + usec)
+            node_usec = sum(node_spent[n][1] for n in SCRIPT_COMMANDS if n in node_spent)
+            per_node.append((node_usec, (server_cpu_s(node) - cpu_before) / requests * 1000))
+        usec = sum(node_usec for node_usec, _ in per_node)
+        cpu_ms = sum(node_cpu for _, node_cpu in per_node)
+        for key in self.pending_keys:
+            client.delete(key)
+        finished = used_memory(nodes)
         per_finished = (finished - in_flight) / requests
-        if self.server.counting:  # slowed down many times: the window is not waited for
+        if counting:  # slowed down many times: the window is not waited for
             per_finished_after, sample_bytes = float("nan"), 0
         else:
             time.sleep(max(0.0, keep_s + 0.5 - (time.perf_counter() - started)))
             # What stays per tenant, not per request: its answer-length samples (a day).
-            samples = [*client.scan_iter(self.queue.keys.output_lengths(POOL, "*"))]
-            samples.append(self.queue.keys.output_predictions(POOL))
+            samples = []
+            for pool in self.pools:
+                samples += [*client.scan_iter(self.queue.keys.output_lengths(pool, "*"))]
+                samples.append(self.queue.keys.output_predictions(pool))
             sample_bytes = sum(int(client.memory_usage(key) or 0) for key in samples)
-            after = settled_memory(client, keys_in_flight) - sample_bytes
+            after = settled_memory(nodes, keys_in_flight) - sample_bytes
             per_finished_after = max(0.0, (after - in_flight) / requests)
         return {"usec": usec, "cpu_ms": cpu_ms, "per_waiting": per_waiting,
                 "per_running": per_running, "per_finished": per_finished,
                 "per_finished_after": per_finished_after,
                 "per_tenant": sample_bytes / self.shape.tenants, "commands": spent,
-                "instructions": instructions,
+                "instructions": instructions, "per_node": per_node, "idle_ms_s": idle_ms_s,
+                "replay_s": replay_s, "rebalanced": self.rebalanced,
+                "left_empty": self.left_empty, "empty_at_end": len(self.empty),
                 "steps": {k: v / requests for k, v in self.breakdown.usec.items()}}  # fmt: skip
+
+
+def spread_pools(client: Any, keys: Any, count: int) -> list[str]:
+    """`count` pool names whose slots the cluster's primaries serve evenly (as evenly as
+    `count` allows): bench0, bench1, ... each kept while its primary has fewer than its
+    share."""
+    primaries = len(client.get_primaries())
+    share = -(-count // primaries)
+    taken: dict[str, int] = {}
+    pools: list[str] = []
+    n = 0
+    while len(pools) < count:
+        pool = f"bench{n}"
+        n += 1
+        node = client.get_node_from_key(keys.pool_tag(pool)).name
+        if taken.get(node, 0) < share:
+            taken[node] = taken.get(node, 0) + 1
+            pools.append(pool)
+    return pools
+
+
+def cluster_limits(client: Any, tenant: Any) -> tuple[str, list[str]]:
+    """The tenants' limits (tenants/limits.py) through the cluster client, as the web would
+    call them were its Redis the cluster: why the admission cannot be replayed ('': it
+    can), and what else Redis Cluster refuses that the replay does not need."""
+    import redis
+
+    import tenants.limits
+    from tenants.limits import Admission, limits_admit, limits_settle
+
+    # The limits' scripts are registered with the process's Redis client: the cluster's.
+    tenants.limits.redis_client = lambda: client
+    errors = (redis.exceptions.ResponseError, redis.exceptions.RedisClusterException)
+    skip = ""
+    for _ in range(12):  # the admission names no key: each call goes to a primary at random
+        try:
+            limits_admit(tenant=tenant, estimated_tokens=600)
+        except errors as error:
+            skip = f"{type(error).__name__}: {error}"
+            break
+    others = []
+    minute = int(time.time() // 60)
+    budget = f"{tenants.limits.PREFIX}{tenant.pk}:budget:20261201"
+    for what, admission in (
+        ("settle of a tenant with a token budget",
+         Admission(tenant.pk, 600, minute, budget)),
+        ("settle of a key with its own limits",
+         Admission(tenant.pk, 600, minute, None, api_key_id=1)),
+    ):  # fmt: skip
+        try:
+            limits_settle(admission=admission, used_tokens=580)
+        except errors as error:
+            others.append(f"{what}: {type(error).__name__}: {error}")
+    return skip, others
+
+
+def print_shape(shape: Shape, result: dict[str, Any], instructions: bool) -> None:
+    # Under callgrind the times are callgrind's: its instructions stand in for them.
+    usec, cpu = (f"{'-':>10}", f"{'-':>10}") if instructions else (
+        f"{result['usec']:>10.0f}", f"{result['cpu_ms']:>10.3f}")  # fmt: skip
+    print(f"{shape.engines:>7} {shape.tenants:>7} | {usec} "
+          f"{cpu} | {result['per_waiting']:>9.0f} "
+          f"{result['per_running']:>11.0f} {result['per_finished']:>10.0f} "
+          f"{result['per_finished_after']:>14.0f} | {result['per_tenant']:>12.0f}",
+          flush=True)  # fmt: skip
+    if instructions:
+        print(f"{'':>15} | instructions per request: {result['instructions']:,.0f}")
+    if result["steps"]:
+        steps = ", ".join(f"{k} {v:.0f} us" for k, v in result["steps"].items())
+        print(f"{'':>15} | scripts per request: {steps}")
+        top = sorted(result["commands"].items(), key=lambda kv: -kv[1][1])[:8]
+        calls = ", ".join(f"{name} {usec:.0f} us ({n:.2g}x)" for name, (n, usec) in top)
+        print(f"{'':>15} | commands per request: {calls}")
+
+
+def print_primaries(result: dict[str, Any], names: list[str], requests: int) -> None:
+    """Each primary's share of the CPU per request, and the fleet's ceiling from it."""
+    per_node, total = result["per_node"], result["cpu_ms"]
+    for name, (usec, cpu_ms), idle in zip(names, per_node, result["idle_ms_s"], strict=True):
+        print(f"{'':>15} | {name}: script {usec:.0f} us, cpu {cpu_ms:.3f} ms/req "
+              f"({cpu_ms / total:.0%}); idle {idle:.2f} ms/s")  # fmt: skip
+    idle_ms = sum(result["idle_ms_s"]) * result["replay_s"] / requests
+    busiest = max(cpu_ms for _, cpu_ms in per_node)
+    shards = len(per_node)
+    print(f"{'':>15} | idle CPU of the primaries in this replay ({result['replay_s']:.1f} s): "
+          f"{idle_ms:.3f} ms/req of the cpu column")  # fmt: skip
+    print(f"{'':>15} | fleet ceiling = {shards} primaries x 1000 / {total:.3f} ms per request "
+          f"= {shards * 1000 / total:,.0f} req/s; the busiest primary, at {busiest:.3f} ms "
+          f"per request of the fleet, caps it at 1000 / {busiest:.3f} = "
+          f"{1000 / busiest:,.0f} req/s")  # fmt: skip
 
 
 def main() -> None:
@@ -365,46 +571,140 @@ def main() -> None:
                         "machine is (slow: give --keep-s several minutes)")  # fmt: skip
     parser.add_argument("--redis-args", default="",
                         help="more redis-server arguments, as one string: a configuration to "
-                        "measure, e.g. '--zset-max-listpack-entries 16'")  # fmt: skip
+                        "measure, e.g. '--zset-max-listpack-entries 16' (with --cluster, "
+                        "set on each primary with CONFIG SET once it runs)")  # fmt: skip
+    parser.add_argument("--no-admit", action="store_true",
+                        help="skip the limits' admission (its settle still runs), as the "
+                        "cluster replay must: the same lifecycle on both")  # fmt: skip
+    parser.add_argument("--cluster", action="store_true",
+                        help="replay on a Redis Cluster of three primaries of its own, "
+                        "through redis-py's RedisCluster")  # fmt: skip
+    parser.add_argument("--tenant-pools", type=int, default=1,
+                        help="with --cluster: the pools each tenant sends to (more than one: "
+                        "its quota is leased to them in turn, and housekeeping's rebalance "
+                        f"runs every {HOUSEKEEPING_S:g} s)")  # fmt: skip
+    parser.add_argument("--pools", type=int, default=3,
+                        help="with --cluster: the pools, spread over the primaries, each with "
+                        "the shape's engines")  # fmt: skip
     args = parser.parse_args()
+    if args.cluster and args.instructions:
+        parser.error("--instructions counts one redis-server: not with --cluster")
+
+    shapes = [Shape(int(e), 100) for e in args.engines.split(",")]
+    shapes += [Shape(8, int(t)) for t in args.tenants.split(",") if int(t) != 100]
+    os.environ["GPUSHARE_SCHED_KEEP_S"] = str(args.keep_s)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    if args.cluster:
+        with tempfile.TemporaryDirectory(prefix="queue-replay-") as workdir:
+            replay_cluster(args, shapes, Path(workdir))
+        return
+
+    import redis
 
     server = Server.start(counting=args.instructions, extra=tuple(args.redis_args.split()))
     os.environ["REDIS_URL"] = server.url
-    os.environ["GPUSHARE_SCHED_KEEP_S"] = str(args.keep_s)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     import django
 
     django.setup()
-    shapes = [Shape(int(e), 100) for e in args.engines.split(",")]
-    shapes += [Shape(8, int(t)) for t in args.tenants.split(",") if int(t) != 100]
+    from scheduler.pools.policies import fair_queue
+
+    client = redis.Redis.from_url(server.url)
+    skip = "--no-admit" if args.no_admit else ""
+    target = Target(client, fair_queue(), [client], counter=server, skip_admit=skip)
     print(f"redis-server {server.version}, {args.requests} requests per shape, "
           f"{SEATS_PER_ENGINE} seats per engine, a 2 KB body each")  # fmt: skip
+    if skip:
+        print(f"skipped: the limits' admission (limits_admit), {skip}; its settle still runs, "
+              "on a counter the admission did not write")  # fmt: skip
+    print_header()
+    try:
+        for shape in shapes:
+            result = Replay(target, shape, [POOL]).run(args.requests, args.keep_s, args.breakdown)
+            print_shape(shape, result, args.instructions)
+    finally:
+        server.stop()
+
+
+def print_header() -> None:
     print(
         f"{'engines':>7} {'tenants':>7} | {'script us':>10} {'cpu ms/req':>10} | "
         f"{'waiting B':>9} {'in flight B':>11} {'finished B':>10} {'after window B':>14} | "
         f"{'per tenant B':>12}"
     )
+
+
+def replay_cluster(args: argparse.Namespace, shapes: list[Shape], workdir: Path) -> None:
+    """The same replay on a cluster of three primaries of its own."""
+    import redis
+    from redis.cluster import RedisCluster as PyRedisCluster
+
+    from tests.support.redis_cluster import RedisCluster
+
+    cluster = RedisCluster(workdir)
     try:
+        cluster.start()
+        extra = args.redis_args.split()
+        nodes = [redis.Redis(port=node.port) for node in cluster.nodes]
+        for node in nodes:
+            for name, value in zip(extra[::2], extra[1::2], strict=True):
+                node.config_set(name.removeprefix("--"), value)
+        os.environ["REDIS_URL"] = cluster.url
+        import django
+
+        django.setup()
+        from django.conf import settings
+
+        from fairqueue.domain import config_from_settings
+        from fairqueue.queue import FairQueue
+        from tenants.models import Tenant
+
+        # The threads' client, as the platform's (decode_responses), and the bench's own.
+        threads = PyRedisCluster.from_url(cluster.url, decode_responses=True)
+        client = PyRedisCluster.from_url(cluster.url)
+        queue = FairQueue(threads, config_from_settings(settings))  # type: ignore[arg-type]
+        queue.load_library()  # on every primary
+        pools = spread_pools(client, queue.keys, args.pools)
+        probe = Tenant(pk=1, slug="t0", rpm_limit=10**7, tpm_limit=10**10)
+        skip, refused = cluster_limits(threads, probe)
+        target = Target(client, queue, nodes, skip_admit=skip)
+        version = nodes[0].info("server")["redis_version"]
+        owners: dict[int, list[str]] = {node.port: [] for node in cluster.nodes}
+        for pool in pools:
+            owners[client.get_node_from_key(queue.keys.pool_tag(pool)).port].append(pool)
+        names = [f"primary :{port} ({', '.join(owned) or 'no pool'})"
+                 for port, owned in owners.items()]  # fmt: skip
+        sends = f" and the next {args.tenant_pools - 1}" if args.tenant_pools > 1 else ""
+        print(f"redis-server {version}, a cluster of {len(nodes)} primaries (no replicas), "
+              f"{len(pools)} pools ({', '.join(pools)}), tenant i sending to pool i mod "
+              f"{len(pools)}{sends}; {args.requests} requests per shape, "
+              f"{SEATS_PER_ENGINE} seats per engine, a 2 KB body each; engines are per "
+              "pool")  # fmt: skip
+        if skip:
+            print(f"skipped: the limits' admission (limits_admit): Redis Cluster refused it: "
+                  f"{skip}; its settle still runs (limits_settle, one key: the tenant's tokens "
+                  f"this minute), on a counter the admission did not write")  # fmt: skip
+        for line in refused:
+            print(f"not replayed (the replay's tenants have neither), refused too: {line}")
+        print(
+            "script us and cpu ms/req: summed over the primaries; fleet ceiling: the "
+            "requests/s one primary carries at that CPU per request, times the primaries"
+        )
+        print_header()
         for shape in shapes:
-            result = Replay(server, shape).run(args.requests, args.keep_s, args.breakdown)
-            # Under callgrind the times are callgrind's: its instructions stand in for them.
-            usec, cpu = (f"{'-':>10}", f"{'-':>10}") if args.instructions else (
-                f"{result['usec']:>10.0f}", f"{result['cpu_ms']:>10.3f}")  # fmt: skip
-            print(f"{shape.engines:>7} {shape.tenants:>7} | {usec} "
-                  f"{cpu} | {result['per_waiting']:>9.0f} "
-                  f"{result['per_running']:>11.0f} {result['per_finished']:>10.0f} "
-                  f"{result['per_finished_after']:>14.0f} | {result['per_tenant']:>12.0f}",
-                  flush=True)  # fmt: skip
-            if args.instructions:
-                print(f"{'':>15} | instructions per request: {result['instructions']:,.0f}")
-            if result["steps"]:
-                steps = ", ".join(f"{k} {v:.0f} us" for k, v in result["steps"].items())
-                print(f"{'':>15} | scripts per request: {steps}")
-                top = sorted(result["commands"].items(), key=lambda kv: -kv[1][1])[:8]
-                calls = ", ".join(f"{name} {usec:.0f} us ({n:.2g}x)" for name, (n, usec) in top)
-                print(f"{'':>15} | commands per request: {calls}")
+            replay = Replay(target, shape, pools, args.tenant_pools)
+            result = replay.run(args.requests, args.keep_s, args.breakdown)
+            print_shape(shape, result, False)
+            if args.tenant_pools > 1:
+                print(f"{'':>15} | releases that left their seat empty (no tenant's lease "
+                      f"let the pool pick): {result['left_empty']} of {args.requests}; "
+                      f"housekeeping rebalanced the leases of {result['rebalanced']} starved "
+                      f"pools in {result['replay_s']:.1f} s; seats empty at the end: "
+                      f"{result['empty_at_end']}")  # fmt: skip
+            print_primaries(result, names, args.requests)
+        threads.close()
+        client.close()
     finally:
-        server.stop()
+        cluster.stop()
 
 
 if __name__ == "__main__":
