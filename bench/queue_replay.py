@@ -24,12 +24,12 @@ Per shape (engines in the pool x tenants):
     .venv/bin/python bench/queue_replay.py --engines 1,128 --tenants 100 --requests 2000
     .venv/bin/python bench/queue_replay.py --cluster  # the same on a cluster of 3 primaries
 
-With --cluster, the same replay runs on a Redis Cluster of three primaries this script
-starts (tests/support/redis_cluster.py: free ports, no persistence), through redis-py's
+With --cluster, the same replay runs on a Redis Cluster of --primaries primaries (3) this
+script starts (tests/support/redis_cluster.py: free ports, no persistence), through redis-py's
 RedisCluster, the threads' client. Every fair-queue call declares one key, its pool's hash
 tag `{p:<pool>}`, and is routed to that slot's primary; a tenant's quota is leased to its
 pools from the tenant's own slot (`{t:<tenant>}`, fairqueue/leases.py). The replay has
---pools pools (3: one per primary), each with the shape's engines; tenant i sends to pool
+--pools pools (one per primary), each with the shape's engines; tenant i sends to pool
 i mod pools (each request goes to a pool drawn at random, then to one of its tenants), or
 to that pool and the next ones (--tenant-pools: its quota is leased to them in turn, and
 housekeeping's rebalance of the leases runs every 2 s). The tenants' limits
@@ -493,7 +493,7 @@ def cluster_limits(client: Any, tenant: Any) -> tuple[str, list[str]]:
     tenants.limits.redis_client = lambda: client
     errors = (redis.exceptions.ResponseError, redis.exceptions.RedisClusterException)
     skip = ""
-    for _ in range(12):  # the admission names no key: each call goes to a primary at random
+    for _ in range(12):  # several calls: a script routed wrongly may still hit its own slot
         try:
             limits_admit(tenant=tenant, estimated_tokens=600)
         except errors as error:
@@ -501,7 +501,7 @@ def cluster_limits(client: Any, tenant: Any) -> tuple[str, list[str]]:
             break
     others = []
     minute = int(time.time() // 60)
-    budget = f"{tenants.limits.PREFIX}{tenant.pk}:budget:20261201"
+    budget = f"{tenants.limits.tenant_slot(tenant.pk)}budget:20261201"
     for what, admission in (
         ("settle of a tenant with a token budget",
          Admission(tenant.pk, 600, minute, budget)),
@@ -577,16 +577,20 @@ def main() -> None:
                         help="skip the limits' admission (its settle still runs), as the "
                         "cluster replay must: the same lifecycle on both")  # fmt: skip
     parser.add_argument("--cluster", action="store_true",
-                        help="replay on a Redis Cluster of three primaries of its own, "
-                        "through redis-py's RedisCluster")  # fmt: skip
+                        help="replay on a Redis Cluster of its own (--primaries), through "
+                        "redis-py's RedisCluster")  # fmt: skip
+    parser.add_argument("--primaries", type=int, default=3,
+                        help="with --cluster: its primaries")  # fmt: skip
     parser.add_argument("--tenant-pools", type=int, default=1,
                         help="with --cluster: the pools each tenant sends to (more than one: "
                         "its quota is leased to them in turn, and housekeeping's rebalance "
                         f"runs every {HOUSEKEEPING_S:g} s)")  # fmt: skip
-    parser.add_argument("--pools", type=int, default=3,
+    parser.add_argument("--pools", type=int, default=None,
                         help="with --cluster: the pools, spread over the primaries, each with "
-                        "the shape's engines")  # fmt: skip
+                        "the shape's engines (default: one per primary)")  # fmt: skip
     args = parser.parse_args()
+    if args.pools is None:
+        args.pools = args.primaries
     if args.cluster and args.instructions:
         parser.error("--instructions counts one redis-server: not with --cluster")
 
@@ -634,13 +638,13 @@ def print_header() -> None:
 
 
 def replay_cluster(args: argparse.Namespace, shapes: list[Shape], workdir: Path) -> None:
-    """The same replay on a cluster of three primaries of its own."""
+    """The same replay on a cluster of `--primaries` primaries of its own."""
     import redis
     from redis.cluster import RedisCluster as PyRedisCluster
 
     from tests.support.redis_cluster import RedisCluster
 
-    cluster = RedisCluster(workdir)
+    cluster = RedisCluster(workdir, primaries=args.primaries)
     try:
         cluster.start()
         extra = args.redis_args.split()
