@@ -15,8 +15,9 @@ not acknowledge raises NotReplicated, and what it decided is not acted on:
 - an enqueue: the job is cancelled (best effort) and the error raised: its waiter answers
   503, and a job the new primary may still hold does not run for nobody;
 - a pick (alone or with a release): the picked job is never run; it goes back to its queue as
-  its attempt (a no-op where the pick was lost), or, where that fails too, its lease ends
-  and the reaper returns it;
+  its attempt (a no-op where the pick was lost), or, where that fails too (or the call's
+  answer was lost with its connection, so the job is unknown here), its lease ends and the
+  reaper returns it;
 - a release (alone or with a pick): it is sent again, to the primary the sentinels name then,
   until acknowledged or `settle_retry_s` has passed. Again is harmless: a release names its
   attempt and is a no-op once applied (lua/lib.lua release_job); its last words are told
@@ -291,6 +292,10 @@ class AsyncFairQueue:
             if not self.queue.fence:
                 raise
             released = False  # it may have run: a job it picked is the reaper's
+            log.warning(
+                "job %s: its release and the next pick went unanswered; a job picked with it "
+                "is never run here, and its lease ends for the reaper", job.job_id,
+            )  # fmt: skip
         else:
             released, picked = release_pick_answer(answer, None, pool)
             if not isinstance(picked, LeaseWant):

@@ -197,21 +197,25 @@ def test_nothing_runs_twice_and_nothing_hangs_across_a_sentinel_failover(
     print(f"ledger: {len(rows)} rows, one per request id; nothing reserved, no drift")
 
     # No job was taken from a live worker: a lease is reaped only from a worker that exited
-    # (its runs ended with it), or for a pick that was never run (not acknowledged, and its
-    # give-back failed too).
-    reaped, unrun = reaped_and_unrun(platform.workdir / "worker.log")
-    print(f"leases reaped: {len(reaped)}, picks neither acknowledged nor given back: {len(unrun)}")
+    # (its runs ended with it), or for a pick that was never run: not acknowledged, and its
+    # give-back failed too; or made in a worker's turn whose answer was lost (its id unknown
+    # to the worker: at most one such job per turn lost).
+    reaped, unrun, lost_turns = reaped_and_unrun(platform.workdir / "worker.log")
+    print(f"leases reaped: {len(reaped)}, picks neither acknowledged nor given back: "
+          f"{len(unrun)}, turns unanswered: {lost_turns}")  # fmt: skip
     if not any(restart.startswith("worker") for restart in restarts):
-        assert reaped <= unrun, reaped - unrun
+        assert len(reaped - unrun) <= lost_turns, reaped - unrun
 
 
-def reaped_and_unrun(log: Path) -> tuple[set[str], set[str]]:
-    """The jobs whose leases housekeeping reaped, and those whose pick was neither
-    acknowledged nor given back, as the worker's log says."""
+def reaped_and_unrun(log: Path) -> tuple[set[str], set[str], int]:
+    """The jobs whose leases housekeeping reaped, those whose pick was neither acknowledged
+    nor given back, and how many worker's turns (a release and the next pick) went
+    unanswered, as the worker's log says."""
     text = log.read_text(errors="replace")
     reaped = {job for ids in re.findall(r"leases reaped \[([^]]*)\]", text) for job in ids.split()}
     unrun = set(re.findall(r"job (\w+): its pick was not acknowledged nor given back", text))
-    return reaped, unrun
+    lost = len(re.findall(r"job \w+: its release and the next pick went unanswered", text))
+    return reaped, unrun, lost
 
 
 def kill_the_primary_under_load(
