@@ -64,7 +64,8 @@ local function read(owner, kind)
   local this = slot .. owner .. kind .. ':' .. minute
   local last = slot .. owner .. kind .. ':' .. (minute - 1)
   local values = redis.call('MGET', this, last)
-  return {key = this, this = tonumber(values[1] or 0), last = tonumber(values[2] or 0)}
+  return {key = this, this = tonumber(values[1] or 0), last = tonumber(values[2] or 0),
+          new = not values[1]}
 end
 for _, kind in ipairs({'req', 'tok'}) do
   counts[kind] = read('', kind)
@@ -89,7 +90,8 @@ if verdict == 'ok' then
   for kind, count in pairs(counts) do
     local req = kind == 'req' or kind == 'keyreq'
     count.this = redis.call('INCRBY', count.key, req and 1 or tokens)
-    redis.call('EXPIRE', count.key, 180)
+    -- A minute's counter lives three minutes from its first count (one script made it).
+    if count.new then redis.call('EXPIRE', count.key, 180) end
   end
   if budget > 0 then redis.call('INCRBY', budget_key, tokens) end
 end
