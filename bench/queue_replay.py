@@ -8,7 +8,10 @@ ledger row) and picks the pool's next job in the same call (`release_and_pick`, 
 dispatcher's turn); the web reads its inbox, and the tokens the request did not use go back
 to its limits (`limits_settle`). The ledger's rows are drained as the flusher drains them.
 The engines are simulated (a running request ends when its turn comes, at random): they
-take no CPU, and every seat stays busy, with a queue of at least 2,000 behind them.
+take no CPU, and every seat stays busy, with a queue of at least 2,000 behind them. The
+engines reserve KV as the platform's do by default (`predict`: a job's prompts and the output
+its tenant's answers predict; --reservation worst), and every tenant has answered in the
+pool before: its latest answer lengths are all there, as in a platform that has run a while.
 
 Per shape (engines in the pool x tenants):
   - Redis CPU per request: the scripts' time (INFO commandstats of EVALSHA and FCALL, the
@@ -66,6 +69,12 @@ SEATS_PER_ENGINE = 16
 BODY = "x" * 2048
 INBOX = "web-1"
 HOUSEKEEPING_S = 2.0  # GPUSHARE_HOUSEKEEPING_INTERVAL_S's default
+OUT_SAMPLES = 64  # the answer lengths kept per tenant and pool (lua/lib.lua OUT_SAMPLES)
+# A job's KV: 512 prompt tokens and up to 88 of output, at 128 KiB a token (its worst case),
+# or its prompts and the output its tenant's answers predict (the engines' `predict` mode).
+KV_TOKEN = 128 * 1024
+KV_FLOOR = 512 * KV_TOKEN
+KV_BYTES = KV_FLOOR + 88 * KV_TOKEN
 
 
 def free_port() -> int:
@@ -214,7 +223,12 @@ class Target:
 
 class Replay:
     def __init__(
-        self, target: Target, shape: Shape, pools: list[str], tenant_pools: int = 1
+        self,
+        target: Target,
+        shape: Shape,
+        pools: list[str],
+        tenant_pools: int = 1,
+        reservation: str = "predict",
     ) -> None:
         from fairqueue.domain import EnginePolicy, TenantPolicy
         from tenants.models import Tenant
@@ -232,8 +246,9 @@ class Replay:
             for i in range(shape.engines):
                 engine = f"e{i}" if len(pools) == 1 else f"{pool}-e{i}"
                 self.queue.set_engine_policy(
-                    EnginePolicy(engine, pool, 40 * GIB, SEATS_PER_ENGINE, queued=0)
-                )
+                    EnginePolicy(engine, pool, 40 * GIB, SEATS_PER_ENGINE, queued=0,
+                                 reservation=reservation)
+                )  # fmt: skip
         self.slugs = [f"t{i}" for i in range(shape.tenants)]
         self.tenants = []
         for i, slug in enumerate(self.slugs):
@@ -249,6 +264,14 @@ class Replay:
         ]  # fmt: skip
         if not all(self.members):
             raise SystemExit(f"{shape.tenants} tenants leave a pool of {len(pools)} unused")
+        # Every tenant has answered in each pool before: its latest answer lengths are all
+        # kept (OUT_SAMPLES), as in a platform that has run a while, so each answer's
+        # prediction is made from all of them.
+        for pool in pools:
+            for slug in self.slugs:
+                key = self.queue.keys.output_lengths(pool, slug)
+                self.client.lpush(key, *[str(70 + k % 20) for k in range(OUT_SAMPLES)])
+                self.client.expire(key, 24 * 3600)
         self.rebalanced = 0
         self.empty: list[str] = []  # a seat left empty, by its pool
         self.left_empty = 0
@@ -285,7 +308,8 @@ class Replay:
         summary = {k: v for k, v in payload.items() if k != "body"}
         job, _ = self.breakdown.step("enqueue", lambda: self.queue.enqueue_summoning(
             tenant=self.slugs[i], pool=pool, request_class="standard", prompt_tokens=512,
-            max_tokens=88, kv_bytes=64 * 1024 * 1024, payload=json.dumps(payload),
+            max_tokens=88, kv_bytes=KV_BYTES, kv_floor=KV_FLOOR, kv_token=KV_TOKEN,
+            payload=json.dumps(payload),
             summary=json.dumps(summary), inbox=inbox,
             **({"affinity": f"tenant:{i + 1}"} if self.affine else {}),
         ))  # fmt: skip
@@ -573,6 +597,9 @@ def main() -> None:
                         help="more redis-server arguments, as one string: a configuration to "
                         "measure, e.g. '--zset-max-listpack-entries 16' (with --cluster, "
                         "set on each primary with CONFIG SET once it runs)")  # fmt: skip
+    parser.add_argument("--reservation", choices=("predict", "worst"), default="predict",
+                        help="the engines' KV reservation mode (predict: the platform's "
+                        "default, GPUSHARE_KV_RESERVATION)")  # fmt: skip
     parser.add_argument("--no-admit", action="store_true",
                         help="skip the limits' admission (its settle still runs), as the "
                         "cluster replay must: the same lifecycle on both")  # fmt: skip
@@ -623,7 +650,8 @@ def main() -> None:
     print_header()
     try:
         for shape in shapes:
-            result = Replay(target, shape, [POOL]).run(args.requests, args.keep_s, args.breakdown)
+            replay = Replay(target, shape, [POOL], reservation=args.reservation)
+            result = replay.run(args.requests, args.keep_s, args.breakdown)
             print_shape(shape, result, args.instructions)
     finally:
         server.stop()
@@ -695,7 +723,7 @@ def replay_cluster(args: argparse.Namespace, shapes: list[Shape], workdir: Path)
         )
         print_header()
         for shape in shapes:
-            replay = Replay(target, shape, pools, args.tenant_pools)
+            replay = Replay(target, shape, pools, args.tenant_pools, args.reservation)
             result = replay.run(args.requests, args.keep_s, args.breakdown)
             print_shape(shape, result, False)
             if args.tenant_pools > 1:
