@@ -52,6 +52,8 @@ key                                    type     holds
                                                 many serve the pool), largest (KV budget),
                                                 predicts (1: one reserves predictions)
 ``{p}affinity``                        hash     each affinity key's engine (its latest job's)
+``{p}qkeys:{class}``                   hash     per tenant, the affinity key of every job in its
+                                                queue of the class, or '*' where they differ
 ``{p}outpred``                         hash     each tenant's predicted output per sequence
                                                 (tokens): the quantile of its latest answers
 ``{p}outlen:{tenant}``                 list     the tenant's latest output lengths per sequence
@@ -169,6 +171,9 @@ class Keys:
 
     def pool_affinity(self, pool: str) -> str:
         return f"{self.pool_tag(pool)}affinity"
+
+    def queue_keys(self, pool: str, request_class: str) -> str:
+        return f"{self.pool_tag(pool)}qkeys:{request_class}"
 
     def output_predictions(self, pool: str) -> str:
         return f"{self.pool_tag(pool)}outpred"

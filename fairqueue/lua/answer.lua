@@ -7,7 +7,7 @@
 local job_id, report, inbox, keep = ARGV[4], ARGV[5], ARGV[6], ARGV[7] == '1'
 if inbox ~= '' then
   redis.call('RPUSH', inbox, job_id .. ' ' .. report)
-  redis.call('EXPIRE', inbox, KEEP_S)
+  redis.call('EXPIRE', inbox, KEEP)
 end
 if keep and redis.call('EXISTS', k_job(job_id)) == 1 then
   redis.call('HSET', k_job(job_id), 'answered', report)

@@ -55,16 +55,21 @@ if max_waiting > 0 then
   end
 end
 
-redis.call('HSET', k_job(job_id), 'tenant', tenant, 'pool', pool, 'cls', cls,
+local at, until_s = fmt(NOW), fmt(deadline)
+local fields = {'tenant', tenant, 'pool', pool, 'cls', cls,
   'prompt_tokens', int(prompt_tokens), 'max_tokens', int(max_tokens), 'kv_bytes', int(kv_bytes),
-  'payload', payload, 'state', 'queued', 'enqueued_at', fmt(NOW), 'deadline', fmt(deadline),
+  'payload', payload, 'state', 'queued', 'enqueued_at', at, 'deadline', until_s,
   'attempt', '0', 'charged', '0', 'reserved', '0', 'inbox', ARGV[14] or '',
   'seqs', int(math.max(1, tonumber(ARGV[17] or '1') or 1)),
   'kv_floor', int(math.min(kv_floor, kv_bytes)), 'kv_token', int(kv_token),
-  'observed', ARGV[20] or '', 'affinity', ARGV[21] or '')
-if (ARGV[16] or '') ~= '' then redis.call('HSET', k_job(job_id), 'summary', ARGV[16]) end
-redis.call('ZADD', k_waiting(), fmt(deadline), job_id)
-queue_job(job_id, pool, cls, tenant, false)
+  'observed', ARGV[20] or '', 'affinity', ARGV[21] or ''}
+if (ARGV[16] or '') ~= '' then
+  table.insert(fields, 'summary')
+  table.insert(fields, ARGV[16])
+end
+redis.call('HSET', k_job(job_id), unpack(fields))
+redis.call('ZADD', k_waiting(), until_s, job_id)
+queue_job(job_id, pool, cls, tenant, false, ARGV[21] or '')
 local loops = ''
 if ARGV[13] ~= '' then loops = summon_loop(pool, tonumber(ARGV[13])) end
-return {'ok', fmt(NOW), fmt(deadline), loops}
+return {'ok', at, until_s, loops}

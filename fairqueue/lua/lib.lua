@@ -12,16 +12,19 @@
 -- only the keys its call declares, KEYS, all of one hash slot (a tenant's `{t:<t>}` or a
 -- pool's `{p:<p>}`); `begin_keyed` sets KEYS and ARGV, and their arguments start at ARGV[1].
 --
--- KEYS, ARGV, P, T, KEEP_S and NOW belong to the call running now: Redis runs one call at a
--- time, and each call sets them first (`begin`, `begin_keyed`), so no call sees another's.
-local KEYS, ARGV, P, T, KEEP_S, NOW
+-- KEYS, ARGV, P, T, KEEP, NOW and LEFT_BACKLOG belong to the call running now: Redis runs one
+-- call at a time, and each call sets them first (`begin`, `begin_keyed`), so no call sees
+-- another's. LEFT_BACKLOG counts the tenants each backlog lost in the call (leave_backlog),
+-- by which a scan of a backlog in pages finds its next page (backlogged).
+local KEYS, ARGV, P, T, KEEP, NOW, LEFT_BACKLOG
 
 local function begin(keys, argv)
   KEYS = keys
+  LEFT_BACKLOG = {}
   T = keys[1]
   ARGV = argv
   P = argv[1]
-  KEEP_S = tonumber(argv[3])
+  KEEP = argv[3]  -- a string: a number given to a command would be formatted again
   -- Redis's clock by default: web and worker hosts then share one time, so leases and
   -- queue deadlines do not depend on their clocks agreeing. Tests pass their own.
   if argv[2] == '' then
@@ -34,6 +37,7 @@ end
 
 local function begin_keyed(keys, argv)
   KEYS = keys
+  LEFT_BACKLOG = {}
   ARGV = argv
 end
 
@@ -41,6 +45,7 @@ local CLASSES = {'interactive', 'standard', 'offline'}
 -- How long a tenant's latest answer lengths in a pool stay after its last answer there: a
 -- tenant back after a pause is predicted from them, not reserved its worst case again.
 local SAMPLES_KEEP_S = 24 * 3600
+local SAMPLES_KEEP = '86400'  -- SAMPLES_KEEP_S, as a command's argument
 
 -- Every key of a pool's decisions carries the pool's hash tag, `{p:<pool>}`: T (the call's
 -- KEYS[1], `<prefix>{p:<pool>}:`) starts them all, so a call touches one slot. The keys that
@@ -67,6 +72,7 @@ local function k_out_pred(pool) return tag(pool) .. 'outpred' end
 local function k_pool_engines(pool) return tag(pool) .. 'engines' end
 local function k_pool_shape(pool) return tag(pool) .. 'shape' end
 local function k_affinity(pool) return tag(pool) .. 'affinity' end
+local function k_queue_keys(pool, cls) return tag(pool) .. 'qkeys:' .. cls end
 local function k_inflight() return T .. 'inflight' end
 local function k_waiting() return T .. 'waiting' end
 local function k_idle_loops(pool) return tag(pool) .. 'loops:idle' end
@@ -80,7 +86,11 @@ local function num(v)
 end
 
 -- Lua turns numbers into strings with 14 digits; counters and byte totals need all of them.
-local function fmt(x) return string.format('%.17g', x) end
+-- A whole number is written as an integer: the same digits, formatted several times faster.
+local function fmt(x)
+  if x == math.floor(x) and x > -1e15 and x < 1e15 then return string.format('%d', x) end
+  return string.format('%.17g', x)
+end
 local function int(x) return string.format('%d', x) end
 
 local function hgetall(key)
@@ -92,15 +102,16 @@ end
 
 -- A job's events go to its waiter's inbox when it has one (a web process's list, read for
 -- all of its waiters at once: each entry is '<job id> <event>'), else to the job's own list.
-local function emit_raw(job_id, raw)
-  local inbox = redis.call('HGET', k_job(job_id), 'inbox')
+-- `inbox`: the job's `inbox` field where the caller has read it (false: it has none).
+local function emit_raw(job_id, raw, inbox)
+  if inbox == nil then inbox = redis.call('HGET', k_job(job_id), 'inbox') end
   if inbox and inbox ~= '' then
     redis.call('RPUSH', inbox, job_id .. ' ' .. raw)
-    redis.call('EXPIRE', inbox, KEEP_S)
+    redis.call('EXPIRE', inbox, KEEP)
     return
   end
   redis.call('RPUSH', k_events(job_id), raw)
-  redis.call('EXPIRE', k_events(job_id), KEEP_S)
+  redis.call('EXPIRE', k_events(job_id), KEEP)
 end
 
 local function emit(job_id, event)
@@ -113,8 +124,8 @@ end
 -- pool's slot (the usage ledger's, `{p:<pool>}:ledger`; '' = none). Told whether or not the
 -- release is a no-op: the waiter and the ledger hear a run's end as they would if the worker
 -- told them in a step of its own.
-local function tell_last_words(job_id, event, outbox, entry)
-  if event ~= '' then emit_raw(job_id, event) end
+local function tell_last_words(job_id, event, outbox, entry, inbox)
+  if event ~= '' then emit_raw(job_id, event, inbox) end
   if entry ~= '' then redis.call('RPUSH', outbox, entry) end
 end
 
@@ -136,7 +147,7 @@ end
 -- (`engine_priority`), and a tenant that sent less than its share keeps its place among them.
 local function join_backlog(pool, cls, tenant)
   local backlog = k_backlog(pool, cls)
-  local least = redis.call('ZRANGE', backlog, 0, 0, 'WITHSCORES')
+  local least = redis.call('ZRANGE', backlog, '0', '0', 'WITHSCORES')
   local target = num(redis.call('GET', k_seated(pool, cls)))
   if #least > 0 and tonumber(least[2]) > target then target = tonumber(least[2]) end
   local counter = get_counter(pool, cls, tenant)
@@ -146,10 +157,18 @@ local function join_backlog(pool, cls, tenant)
 end
 
 local function leave_backlog(pool, cls, tenant)
-  redis.call('ZREM', k_backlog(pool, cls), tenant)
+  local key = k_backlog(pool, cls)
+  LEFT_BACKLOG[key] = (LEFT_BACKLOG[key] or 0) + redis.call('ZREM', key, tenant)
 end
 
-local function queue_job(job_id, pool, cls, tenant, at_head)
+-- `{p:<pool>}:qkeys:<cls>` says, per tenant, the affinity key every job in its queue of the
+-- class carries, or '*' where they may differ: a pick looking past the fairest tenant for a
+-- job whose prefix its engine holds (pick_on, AFFINITY_SCAN) passes over a tenant whose key
+-- another engine holds without reading its queue. Every job joins a queue here, so what it
+-- says holds while the queue is not empty; a queue that empties leaves its field, which the
+-- next job to join it writes again. `key`: the job's affinity key ('' = none; nil = not
+-- known, as if the keys differed).
+local function queue_job(job_id, pool, cls, tenant, at_head, key)
   local queue = k_queue(pool, cls, tenant)
   local length
   if at_head then
@@ -157,12 +176,20 @@ local function queue_job(job_id, pool, cls, tenant, at_head)
   else
     length = redis.call('RPUSH', queue, job_id)
   end
-  if length == 1 then join_backlog(pool, cls, tenant) end
+  key = key or '*'
+  local keys = k_queue_keys(pool, cls)
+  if length == 1 then
+    redis.call('HSET', keys, tenant, key)
+    join_backlog(pool, cls, tenant)
+  else
+    local known = redis.call('HGET', keys, tenant)
+    if known ~= key and known ~= '*' then redis.call('HSET', keys, tenant, '*') end
+  end
 end
 
 local function unqueue(job_id, job)
   local queue = k_queue(job.pool, job.cls, job.tenant)
-  redis.call('LREM', queue, 1, job_id)
+  redis.call('LREM', queue, '1', job_id)
   redis.call('ZREM', k_waiting(), job_id)
   if redis.call('LLEN', queue) == 0 then leave_backlog(job.pool, job.cls, job.tenant) end
 end
@@ -170,10 +197,12 @@ end
 -- Moves the tenant's counter by the difference between a new charge and what the job was
 -- charged so far (the estimate at pick). Returns the new charge as the job hash stores it:
 -- callers write it with their own HSET of the job (one write per step, not one per field).
-local function move_counter(job, new_charge)
+-- `counter`: the tenant's counter, where the caller has just read it.
+local function move_counter(job, new_charge, counter)
   local delta = new_charge - num(job.charged)
   if delta ~= 0 then
-    set_counter(job.pool, job.cls, job.tenant, get_counter(job.pool, job.cls, job.tenant) + delta)
+    counter = counter or get_counter(job.pool, job.cls, job.tenant)
+    set_counter(job.pool, job.cls, job.tenant, counter + delta)
   end
   return fmt(new_charge)
 end
@@ -213,6 +242,7 @@ end
 -- growth of its running jobs past their predictions, and is picked nothing meanwhile.
 local OUT_SAMPLES = 64  -- the latest output lengths kept per pool and tenant
 local OUT_MIN_SAMPLES = 8  -- fewer: the worst case is reserved
+local OUT_LAST = '63'  -- OUT_SAMPLES - 1, as a command's argument
 
 -- What a job picked for `engine` reserves there and holds of its tenant's quota (`ceiling`:
 -- its quota + burst), in bytes, and the tokens it is expected to generate (its sequences'
@@ -252,19 +282,21 @@ end
 
 -- An answer's length per sequence, for its tenant's prediction in the pool: the latest
 -- OUT_SAMPLES are kept, and their quantile `quantile` is the prediction once OUT_MIN_SAMPLES
--- are there. Kept SAMPLES_KEEP_S after the latest.
+-- are there. Kept SAMPLES_KEEP_S after the latest. Redis sorts them (SORT ... LIMIT: one
+-- value back): in Lua, turning each into a number and sorting them cost four times as much.
 local function observe_output(pool, tenant, per_seq, quantile)
   local key = k_out_lens(pool, tenant)
-  redis.call('LPUSH', key, int(per_seq))
-  redis.call('LTRIM', key, 0, OUT_SAMPLES - 1)
-  redis.call('EXPIRE', key, SAMPLES_KEEP_S)
-  local lengths = redis.call('LRANGE', key, 0, -1)
-  if #lengths < OUT_MIN_SAMPLES then return end
-  for i, v in ipairs(lengths) do lengths[i] = tonumber(v) end
-  table.sort(lengths)
-  local at = math.max(1, math.min(#lengths, math.ceil(quantile * #lengths)))
-  redis.call('HSET', k_out_pred(pool), tenant, int(lengths[at]))
-  redis.call('EXPIRE', k_out_pred(pool), SAMPLES_KEEP_S)
+  local count = redis.call('LPUSH', key, int(per_seq))
+  if count > OUT_SAMPLES then
+    redis.call('LTRIM', key, '0', OUT_LAST)
+    count = OUT_SAMPLES
+  end
+  redis.call('EXPIRE', key, SAMPLES_KEEP)
+  if count < OUT_MIN_SAMPLES then return end
+  local at = math.max(1, math.min(count, math.ceil(quantile * count)))
+  local predicted = redis.call('SORT', key, 'LIMIT', int(at - 1), '1')[1]
+  redis.call('HSET', k_out_pred(pool), tenant, predicted)
+  redis.call('EXPIRE', k_out_pred(pool), SAMPLES_KEEP)
 end
 
 -- The tokens (its sequences' together) a running job's reservation covers, past which it
@@ -287,9 +319,9 @@ local function give_back(job_id, job)
   local reserved = num(job.reserved)
   redis.call('HINCRBY', k_lease(job.tenant), 'held', int(-held_bytes(job)))
   redis.call('HINCRBY', k_engine_use(job.engine), 'reserved', int(-reserved))
-  redis.call('HINCRBY', k_engine_use(job.engine), 'inflight', -seats(job))
+  redis.call('HINCRBY', k_engine_use(job.engine), 'inflight', int(-seats(job)))
   if job.cls ~= 'interactive' then
-    redis.call('HINCRBY', k_engine_use(job.engine), job.cls, -seats(job))
+    redis.call('HINCRBY', k_engine_use(job.engine), job.cls, int(-seats(job)))
   end
   redis.call('ZREM', k_inflight(), job_id)
 end
@@ -300,7 +332,7 @@ local function free_running(job_id, job)
 end
 
 -- A job that is over keeps its summary in place of its payload (the request's body can be
--- megabytes, kept for KEEP_S for nothing).
+-- megabytes, kept for KEEP seconds for nothing).
 local function drop_payload(job_id)
   local summary = redis.call('HGET', k_job(job_id), 'summary')
   if summary then
@@ -312,7 +344,7 @@ end
 local function finish(job_id, state, reason)
   redis.call('HSET', k_job(job_id), 'state', state, 'reason', reason, 'finished_at', fmt(NOW))
   drop_payload(job_id)
-  redis.call('EXPIRE', k_job(job_id), KEEP_S)
+  redis.call('EXPIRE', k_job(job_id), KEEP)
 end
 
 local function expire_queued(job_id, job)
@@ -331,7 +363,7 @@ local function requeue_running(job_id, job, timeouts, reason)
   local deadline = NOW + timeouts[job.cls]
   redis.call('HSET', k_job(job_id), 'state', 'queued', 'engine', '', 'deadline', fmt(deadline))
   redis.call('ZADD', k_waiting(), fmt(deadline), job_id)
-  queue_job(job_id, job.pool, job.cls, job.tenant, true)
+  queue_job(job_id, job.pool, job.cls, job.tenant, true, job.affinity)
   emit(job_id, {event = 'requeued', reason = reason})
 end
 
@@ -388,10 +420,12 @@ end
 -- above them limits only places in the engine's queue, where the class goes first anyway, not
 -- the sequences it runs beside. The bound stays between 1 seat and all the seats and places;
 -- a class measured again after an idle spell starts from all of them.
-local function observe_ttft(engine_id, cls, ttft, picked_at)
+-- `engine` is the engine's hash as read in this call; the fields written are set in it too.
+local function observe_ttft(engine_id, engine, cls, ttft, picked_at)
   local key = k_engine(engine_id)
-  local f = redis.call('HMGET', key, 'target:' .. cls, 'below:' .. cls, 'cut:' .. cls,
-    'sampled:' .. cls, 'target_quantile', 'target_step', 'target_idle_s', 'max_num_seqs', 'queued')
+  local f = {engine['target:' .. cls], engine['below:' .. cls], engine['cut:' .. cls],
+    engine['sampled:' .. cls], engine.target_quantile, engine.target_step, engine.target_idle_s,
+    engine.max_num_seqs, engine.queued}
   if not f[1] then return end
   local target, most = tonumber(f[1]), num(f[8]) + num(f[9])
   local samples = k_engine_ttfts(engine_id, cls)
@@ -417,6 +451,7 @@ local function observe_ttft(engine_id, cls, ttft, picked_at)
   table.insert(fields, 'below:' .. cls)
   table.insert(fields, fmt(below))
   redis.call('HSET', key, unpack(fields))
+  for i = 1, #fields, 2 do engine[fields[i]] = fields[i + 1] end
 end
 
 -- A running job ended: free its reservation and charge its real tokens in place of the
@@ -425,22 +460,26 @@ end
 -- worker after a reap) is left alone. Returns 1 when released, 0 when it was a no-op.
 local RELEASE_FIELDS = {'state', 'attempt', 'reserved', 'held', 'tenant', 'engine', 'pool',
                         'cls', 'charged', 'charge_weight', 'seqs', 'stamp', 'picked_at',
-                        'summary'}
+                        'summary', 'inbox'}
 -- `ttft`: the run's time to first token in seconds, for its class's controller (nil: none).
--- Also returns the engine the job ran on (false when the job is gone), released or not.
+-- Also returns the fields read of the job (`engine`: the engine it ran on, false when the
+-- job is gone; `inbox`, for tell_last_words), released or not, and the hash of the engine it
+-- ran on as it is after the release where the release read it (nil else).
 local function release_job(job_id, prompt_tokens, completion_tokens, attempt, ttft)
   -- Only what releasing needs: the job's payload can be large.
   local values = redis.call('HMGET', k_job(job_id), unpack(RELEASE_FIELDS))
   local job = {}
   for i, name in ipairs(RELEASE_FIELDS) do job[name] = values[i] end
-  if job.state ~= 'running' then return 0, job.engine end
-  if attempt ~= '' and attempt ~= job.attempt then return 0, job.engine end
+  if job.state ~= 'running' then return 0, job end
+  if attempt ~= '' and attempt ~= job.attempt then return 0, job end
   give_back(job_id, job)
   local seated = k_seated(job.pool, job.cls)
   if num(job.stamp) > num(redis.call('GET', seated)) then redis.call('SET', seated, job.stamp) end
-  if ttft then observe_ttft(job.engine, job.cls, ttft, job.picked_at) end
+  local engine
+  if ttft or completion_tokens > 0 then engine = hgetall(k_engine(job.engine)) end
+  if ttft then observe_ttft(job.engine, engine, job.cls, ttft, job.picked_at) end
   if completion_tokens > 0 then
-    local quantile = tonumber(redis.call('HGET', k_engine(job.engine), 'out_quantile')) or 0.95
+    local quantile = tonumber(engine.out_quantile) or 0.95
     observe_output(job.pool, job.tenant, math.ceil(completion_tokens / seats(job)), quantile)
   end
   local charged = move_counter(job, token_charge(job, prompt_tokens, completion_tokens))
@@ -453,15 +492,15 @@ local function release_job(job_id, prompt_tokens, completion_tokens, attempt, tt
     redis.call('HDEL', k_job(job_id), 'summary')
   end
   redis.call('HSET', k_job(job_id), unpack(fields))
-  redis.call('EXPIRE', k_job(job_id), KEEP_S)
-  return 1, job.engine
+  redis.call('EXPIRE', k_job(job_id), KEEP)
+  return 1, job, engine
 end
 
 -- The head of a tenant's queue, expiring heads whose queue deadline has passed (so a
 -- timeout holds even between sweeps of expire_waiting).
 local function live_head(queue)
   while true do
-    local job_id = redis.call('LINDEX', queue, 0)
+    local job_id = redis.call('LINDEX', queue, '0')
     if not job_id then return nil end
     local job = hgetall(k_job(job_id))
     if not job.state then
@@ -478,22 +517,28 @@ end
 -- the backlog), read in pages: the first tenant usually has an admissible job, so most picks
 -- read one page, however many tenants wait.
 local PAGE = 16
+local PAGE_LAST = '15'  -- PAGE - 1, as a command's argument
 local function backlogged(pool, cls)
   local key = k_backlog(pool, cls)
-  local start, size = 0, redis.call('ZCARD', key)
-  local page, index = redis.call('ZRANGE', key, 0, PAGE - 1, 'WITHSCORES'), 0
+  local start, left = 0, LEFT_BACKLOG[key] or 0
+  local page, index = redis.call('ZRANGE', key, '0', PAGE_LAST, 'WITHSCORES'), 0
   return function()
     index = index + 2  -- a page is flat: tenant, counter, tenant, counter, ...
     if index > #page then
       if #page < 2 * PAGE then return nil end
       -- Expiry during the scan removes only tenants already visited (nothing joins during a
-      -- pick), so the unvisited ones moved up by as many places as the backlog shrank.
-      local new_size = redis.call('ZCARD', key)
-      start, size = start + PAGE - (size - new_size), new_size
+      -- pick, and leave_backlog counts who leaves), so the unvisited ones moved up by as
+      -- many places as left the backlog.
+      local now_left = LEFT_BACKLOG[key] or 0
+      start, left = start + PAGE - (now_left - left), now_left
       page, index = redis.call('ZRANGE', key, start, start + PAGE - 1, 'WITHSCORES'), 2
       if #page == 0 then return nil end
     end
     return page[index - 1], tonumber(page[index])
+  end, function(n)  -- up to n tenants after the latest one given, of the page read
+    local ahead = {}
+    for i = index + 1, math.min(#page, index + 2 * n), 2 do table.insert(ahead, page[i]) end
+    return ahead
   end
 end
 
@@ -575,6 +620,30 @@ end
 -- its place at the head of the fair order for the next seat. model.py (FairModel._nearer)
 -- states the same rule.
 local AFFINITY_SCAN = 8
+
+-- The keys of `tenants`' queues of `cls` (queue_job), in two reads whatever their number: a
+-- tenant's key, and the engine that holds it (into `holders`).
+local function queue_keys(pool, cls, tenants, holders)
+  local hints = {}
+  if #tenants == 0 then return hints end
+  local keys = redis.call('HMGET', k_queue_keys(pool, cls), unpack(tenants))
+  local unknown, seen = {}, {}
+  for i, tenant in ipairs(tenants) do
+    local key = keys[i]
+    if key then
+      hints[tenant] = key
+      if key ~= '*' and key ~= '' and holders[key] == nil and not seen[key] then
+        seen[key] = true
+        table.insert(unknown, key)
+      end
+    end
+  end
+  if #unknown > 0 then
+    local at = redis.call('HMGET', k_affinity(pool), unpack(unknown))
+    for i, key in ipairs(unknown) do holders[key] = at[i] end
+  end
+  return hints
+end
 
 -- Pick the fairest admissible job of `pool` for one engine, reserve it and lease it.
 -- Classes are tried in order of class virtual time (stride scheduling); inside a class,
@@ -672,9 +741,16 @@ local function pick_on(engine_id, pool, lease_s, weights, ask, engine, usage)
   -- The head of `tenant`'s queue in `cls` where this engine holds its affinity key and
   -- admission lets it run here within quota (the deviation for locality); nil else. Its key
   -- and state are read first, the whole job only where this engine holds the key; an expired
-  -- head is passed over (the queue's own scans expire it). `holders` caches the affinity map.
-  local function held_here(cls, tenant, holders)
-    local job_id = redis.call('LINDEX', k_queue(pool, cls, tenant), 0)
+  -- head is passed over (the queue's own scans expire it). `holders` caches the affinity map;
+  -- `hints`, the keys of the tenants' queues (queue_job) where they were read.
+  local function held_here(cls, tenant, holders, hints)
+    local hint = hints[tenant]
+    if hint and hint ~= '*' then
+      if hint == '' then return nil end
+      if holders[hint] == nil then holders[hint] = redis.call('HGET', k_affinity(pool), hint) end
+      if holders[hint] ~= engine_id then return nil end
+    end
+    local job_id = redis.call('LINDEX', k_queue(pool, cls, tenant), '0')
     if not job_id then return nil end
     local head = redis.call('HMGET', k_job(job_id), 'affinity', 'state', 'deadline')
     local key = head[1]
@@ -698,12 +774,13 @@ local function pick_on(engine_id, pool, lease_s, weights, ask, engine, usage)
   -- engine holds may give way to one whose prefix this engine holds (AFFINITY_SCAN).
   local function candidate(cls, allow_burst)
     local would_burst = false
-    local fairest, bound, scanned, holders
-    for tenant, counter in backlogged(pool, cls) do
+    local fairest, bound, scanned, holders, hints
+    local next_tenant, ahead = backlogged(pool, cls)
+    for tenant, counter in next_tenant do
       if fairest then
         if scanned >= AFFINITY_SCAN or counter > bound then break end
         scanned = scanned + 1
-        local job_id, job, weight, out, limit = held_here(cls, tenant, holders)
+        local job_id, job, weight, out, limit = held_here(cls, tenant, holders, hints)
         if wanted then return nil end
         if job_id then return job_id, job, weight, false, out, limit, {} end
       else
@@ -727,6 +804,7 @@ local function pick_on(engine_id, pool, lease_s, weights, ask, engine, usage)
             if charged_weight <= 0 then charged_weight = 1 end
             bound = counter + (num(job.prompt_tokens) + 2 * out) / charged_weight
             scanned, holders = 0, {[job.affinity] = job.affinity_engine}
+            hints = queue_keys(pool, cls, ahead(AFFINITY_SCAN), holders)
           end
         end
       end
@@ -775,9 +853,10 @@ local function pick_on(engine_id, pool, lease_s, weights, ask, engine, usage)
   -- The job's stamp is its tenant's counter before its charge: its place in the fair queue's
   -- order, which the engine keeps among the jobs waiting there for a seat (engine_priority).
   if weight <= 0 then weight = 1 end
-  job.stamp = fmt(get_counter(pool, cls, tenant))
+  local counter = get_counter(pool, cls, tenant)
+  job.stamp = fmt(counter)
   job.charge_weight = fmt(weight)
-  job.charged = move_counter(job, token_charge(job, num(job.prompt_tokens), out))
+  job.charged = move_counter(job, token_charge(job, num(job.prompt_tokens), out), counter)
   unqueue(job_id, job)
 
   -- The chosen class advances by 1/weight. Classes behind it had nothing admissible (empty,
@@ -795,8 +874,10 @@ local function pick_on(engine_id, pool, lease_s, weights, ask, engine, usage)
 
   redis.call('HINCRBY', k_lease(tenant), 'held', job.held)
   redis.call('HINCRBY', k_engine_use(engine_id), 'reserved', job.reserved)
-  redis.call('HINCRBY', k_engine_use(engine_id), 'inflight', seats(job))
-  if cls ~= 'interactive' then redis.call('HINCRBY', k_engine_use(engine_id), cls, seats(job)) end
+  redis.call('HINCRBY', k_engine_use(engine_id), 'inflight', int(seats(job)))
+  if cls ~= 'interactive' then
+    redis.call('HINCRBY', k_engine_use(engine_id), cls, int(seats(job)))
+  end
   local attempt = num(job.attempt) + 1
   local lease_deadline = NOW + lease_s
   job.state, job.engine, job.attempt = 'running', engine_id, int(attempt)
@@ -869,9 +950,12 @@ end
 -- waiting as the traffic needs). Returns whether there was one.
 local function wake_idle_loop(pool)
   local idle = k_idle_loops(pool)
-  redis.call('ZREMRANGEBYSCORE', idle, '-inf', fmt(NOW))
   local popped = redis.call('ZPOPMAX', idle)
   if #popped == 0 then return false end
+  if tonumber(popped[2]) <= NOW then  -- the latest stopped waiting, and so did the others
+    redis.call('DEL', idle)
+    return false
+  end
   local wake = k_loop_wake(popped[1])
   redis.call('RPUSH', wake, '1')
   redis.call('EXPIRE', wake, 60)
@@ -896,8 +980,10 @@ local function pool_has_queued(pool)
 end
 
 -- Pick for the given engine, or ('') for the pool's engine with the most room that has an
--- admissible job. Returns the job as a JSON object (one bulk reply: cheaper for clients to
--- read than a flat array), false when nothing may run now, an error reply, or (`ask`: the
+-- admissible job. Returns the job as one bulk reply (cheaper for clients to read than a flat
+-- array): its fields but the payload as a JSON object, then a newline and its payload as it
+-- is (JSON itself: encoding it again would escape each of its quotes, at both ends), false
+-- when nothing may run now, an error reply, or (`ask`: the
 -- pick may ask for a lease, see pick_on) {"want": {tenant, idle, want, need, engine}} when a
 -- tenant's lease in the pool holds its fairest job back.
 -- `loop` (optional) is the dispatch loop picking: {token, idle_s, starting, summon_s}. A loop
@@ -932,7 +1018,11 @@ local function pick_reply(pool, engine_id, lease_s, weights, loop, ask, engine)
   if loop.starting and pool_has_queued(pool) and summon_loop(pool, loop.summon_s) == 'summon' then
     job.summon = 1
   end
-  return cjson.encode(job)
+  -- cjson escapes a newline in a string: the first one ends the fields.
+  local payload = job.payload
+  job.payload, job.summary = nil, nil  -- the summary is for the job once it is over
+  if not payload then return cjson.encode(job) end
+  return cjson.encode(job) .. '\n' .. payload
 end
 
 -- A dispatch loop's arguments to a pick, from ARGV[first..]: token ('' = not a loop),

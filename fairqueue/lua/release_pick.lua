@@ -14,13 +14,15 @@
 -- or load that changed) wakes a waiting loop, whose pick looks at every engine; housekeeping's
 -- kick (every GPUSHARE_HOUSEKEEPING_INTERVAL_S) finds whatever else is left. An engine no
 -- longer in the pool gets nothing (false), not an error.
-tell_last_words(ARGV[4], ARGV[18], ARGV[19], ARGV[20])
-local released, ran_on = release_job(ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7],
-  tonumber(ARGV[21]))
-local engine_id, engine = ARGV[9], nil
-if ARGV[22] == '1' then
-  -- Read after the release, which moved its seat controller and freed its room.
-  engine = ran_on and ran_on ~= '' and hgetall(k_engine(ran_on)) or {}
+local released, job, engine = release_job(ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]),
+  ARGV[7], tonumber(ARGV[21]))
+tell_last_words(ARGV[4], ARGV[18], ARGV[19], ARGV[20], job.inbox)
+local engine_id, ran_on = ARGV[9], job.engine
+if ARGV[22] ~= '1' then
+  engine = nil
+else
+  -- As it is after the release, which moved its seat controller and freed its room.
+  engine = engine or ran_on and ran_on ~= '' and hgetall(k_engine(ran_on)) or {}
   if engine.pool ~= ARGV[8] then return {released, false} end
   engine_id = ran_on
 end

@@ -242,3 +242,31 @@ def test_the_pick_looks_at_most_affinity_scan_tenants_past_the_fairest(
     expected = "z" if between < AFFINITY_SCAN else "a"
     assert (job.tenant, job.engine_id) == (expected, "e2")
     assert fq.check().ok
+
+
+@pytest.mark.parametrize("head_key", ["k-z", "k-other"])
+def test_a_tenant_whose_jobs_carry_different_keys_is_judged_by_its_head(
+    fq: FairQueue, fq_redis: redis.Redis, head_key: str
+) -> None:
+    # A pick looking past the fairest tenant passes over one whose queue's key another engine
+    # holds without reading the queue (`qkeys`); a queue whose jobs' keys differ is read.
+    setup_pool(fq, seats=1)
+    fq.set_tenant_policy("z", TenantPolicy(1, 8 * UNIT))
+    submit(fq, "a", "k-a")
+    assert picked(fq, "e1").engine_id == "e1"
+    on_e2 = submit(fq, "z", "k-z")
+    assert picked(fq, "e2").engine_id == "e2"
+    submit(fq, "a", "k-a")
+    tail_key = "k-other" if head_key == "k-z" else "k-z"
+    head = submit(fq, "z", head_key)
+    submit(fq, "z", tail_key)
+    hints = fq_redis.hgetall(Keys(fq.config.prefix).queue_keys("p", "standard"))
+    assert {str(k): str(v) for k, v in hints.items()} == {"a": "k-a", "z": "*"}
+    fq.release(on_e2.pool, on_e2.job_id, 100, 50, now=2)
+    assert counter(fq, "z") == counter(fq, "a")
+    job = picked(fq, "e2")
+    if head_key == "k-z":  # e2 holds the head's prefix: z's job runs in a's place
+        assert (job.job_id, job.engine_id) == (head.job_id, "e2")
+    else:  # the head's key is nobody's here: the fairest runs
+        assert (job.tenant, job.engine_id) == ("a", "e2")
+    assert fq.check().ok

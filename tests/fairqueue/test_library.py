@@ -5,6 +5,7 @@ once, one function per script, and loaded again by whichever client finds Redis 
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any
 
 import pytest
@@ -103,3 +104,26 @@ def test_the_event_loops_client_loads_it_too(fq: FairQueue, fq_redis: redis.Redi
 def test_a_script_error_is_raised_not_taken_for_a_missing_library(fq: FairQueue) -> None:
     with pytest.raises(redis.ResponseError, match="engine"):
         fq.pick("p", "no-such-engine")
+
+
+@pytest.mark.parametrize("payload", ['{"text": "a\\nb"}', "a\nb\n", ""])
+def test_a_picked_jobs_payload_comes_back_as_it_went_in(fq: FairQueue, payload: str) -> None:
+    # A pick answers the job's fields as JSON, then its payload as it is after the first
+    # newline (lib.lua pick_reply): newlines of its own, or none, change nothing.
+    setup(fq)
+    fq.enqueue(tenant="t", pool="p", request_class="standard", prompt_tokens=1, max_tokens=1,
+               kv_bytes=1, payload=payload, now=0)  # fmt: skip
+    picked = fq.pick("p", now=1)
+    assert picked is not None
+    assert picked.payload == payload
+
+
+def test_the_constants_written_as_command_arguments_match_their_numbers() -> None:
+    # A number given to a Redis command from Lua is formatted again at every call, so the
+    # library keeps some as strings; each must say what its number does.
+    source = (library.LUA_DIR / "lib.lua").read_text()
+    values = dict(re.findall(r"^local (\w+) = ([^\s]+)", source, re.MULTILINE))
+    assert values["OUT_LAST"] == f"'{int(values['OUT_SAMPLES']) - 1}'"
+    assert values["PAGE_LAST"] == f"'{int(values['PAGE']) - 1}'"
+    assert values["SAMPLES_KEEP"] == f"'{24 * 3600}'"
+    assert "SAMPLES_KEEP_S = 24 * 3600" in source
