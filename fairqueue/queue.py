@@ -119,16 +119,11 @@ MAX_ASKS = 8
 def _job_from_json(answer: Any, loop: DispatchLoop | None, pool: str) -> Job | LeaseWant:
     """A pick's job: its fields as JSON, then (after the first newline, which JSON escapes
     in a string) its payload as it is (lua/lib.lua pick_reply); or what a lease wants."""
-    if isinstance(answer, bytes):
-        head, sep, payload = answer.partition(b"\n")
-        fields = wire.loads(head)
-        if sep:
-            fields["payload"] = payload.decode()
-    else:
-        head, sep, text = answer.partition("\n")
-        fields = wire.loads(head)
-        if sep:
-            fields["payload"] = text
+    text = answer.decode() if isinstance(answer, bytes) else answer
+    head, sep, payload = text.partition("\n")
+    fields = wire.loads(head)
+    if sep:
+        fields["payload"] = payload
     if "want" in fields:
         return LeaseWant.from_fields(pool, fields["want"])
     if loop is not None:

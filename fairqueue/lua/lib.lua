@@ -981,10 +981,10 @@ end
 
 -- Pick for the given engine, or ('') for the pool's engine with the most room that has an
 -- admissible job. Returns the job as one bulk reply (cheaper for clients to read than a flat
--- array): its fields but the payload as a JSON object, then a newline and its payload as it
--- is (JSON itself: encoding it again would escape each of its quotes, at both ends), false
--- when nothing may run now, an error reply, or (`ask`: the
--- pick may ask for a lease, see pick_on) {"want": {tenant, idle, want, need, engine}} when a
+-- array): its fields but the payload, as a JSON object, then a newline and its payload as it
+-- is (JSON itself: encoding it again would escape each of its quotes, at both ends); false
+-- when nothing may run now; an error reply; or (`ask`: the pick may ask for a lease, see
+-- pick_on) {"want": {tenant, idle, want, need, engine}} when a
 -- tenant's lease in the pool holds its fairest job back.
 -- `loop` (optional) is the dispatch loop picking: {token, idle_s, starting, summon_s}. A loop
 -- that finds nothing is registered idle for `idle_s`. A loop just started clears the summons

@@ -91,6 +91,24 @@ def test_the_previous_minute_still_counts_in_the_sliding_window(owner, redis_db,
         limits_admit(tenant=owner, estimated_tokens=1, now=NOW + 46)
 
 
+def test_a_minute_counter_expires_three_minutes_after_its_first_count(
+    owner, redis_db, limits_admit
+):
+    # The admission sets a counter's TTL where it creates the counter, not at each count.
+    tenant_update(tenant=owner, rpm_limit=100, tpm_limit=10_000)
+    limits_admit(tenant=owner, estimated_tokens=10, now=NOW)
+    minute = int(NOW // 60)
+    keys = [f"{tenant_slot(owner.pk)}{kind}:{minute}" for kind in ("req", "tok")]
+    for key in keys:
+        redis_db.expire(key, 100)  # as if 80 s had passed
+    admission = limits_admit(tenant=owner, estimated_tokens=10, now=NOW + 1)
+    limits_settle(admission=admission, used_tokens=4)
+    assert [redis_db.get(key) for key in keys] == ["2", "14"]
+    assert all(0 < redis_db.ttl(key) <= 100 for key in keys)
+    limits_admit(tenant=owner, estimated_tokens=10, now=NOW + 60)  # the next minute's
+    assert 170 < redis_db.ttl(f"{tenant_slot(owner.pk)}req:{minute + 1}") <= 180
+
+
 def test_tpm_counts_the_estimate_and_settling_refunds_what_was_not_used(
     owner, redis_db, limits_admit
 ):
