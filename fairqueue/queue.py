@@ -116,19 +116,29 @@ ASK_LEASE, NO_ASK = "1", ""
 MAX_ASKS = 8
 
 
-def _job_from_json(answer: Any, loop: DispatchLoop | None, pool: str) -> Job | LeaseWant:
-    """A pick's job: its fields as JSON, then (after the first newline, which JSON escapes
-    in a string) its payload as it is (lua/lib.lua pick_reply); or what a lease wants."""
-    text = answer.decode() if isinstance(answer, bytes) else answer
-    head, sep, payload = text.partition("\n")
-    fields = wire.loads(head)
-    if sep:
-        fields["payload"] = payload
-    if "want" in fields:
-        return LeaseWant.from_fields(pool, fields["want"])
+# A picked job's fields, in the order a pick answers them after the job's id and whether
+# its worker summons the next loop (lua/lib.lua PICK_FIELDS).
+PICK_FIELDS = (
+    *("tenant", "pool", "cls", "prompt_tokens", "max_tokens", "kv_bytes", "payload", "state"),
+    *("enqueued_at", "deadline", "engine", "attempt", "lease_deadline", "charged", "reason"),
+    *("answered", "seqs", "stamp", "reserved", "kv_floor", "kv_token", "affinity", "observed"),
+)
+
+
+def _picked(answer: Any, loop: DispatchLoop | None, pool: str) -> Job | LeaseWant:
+    """A pick's job (lua/lib.lua pick_reply: its id, '1' where its worker summons the next
+    loop, its PICK_FIELDS; none where it has none), or what a lease wants (JSON)."""
+    if not isinstance(answer, list):
+        return LeaseWant.from_fields(pool, wire.loads(_text(answer))["want"])
+    job_id, summon, *values = answer
     if loop is not None:
-        loop.summon_next = bool(fields.get("summon"))
-    return Job.from_hash(fields["job_id"], fields)
+        loop.summon_next = _text(summon) == "1"
+    fields = {
+        name: _text(value)
+        for name, value in zip(PICK_FIELDS, values, strict=True)
+        if value is not None
+    }
+    return Job.from_hash(_text(job_id), fields)
 
 
 @dataclass(frozen=True)
@@ -167,7 +177,7 @@ def release_args(
 
 def pick_answer(answer: Any, loop: DispatchLoop | None, pool: str) -> Job | LeaseWant | None:
     """A pick's job, None, or (a pick that may ask) what a tenant's lease should grow by."""
-    return _job_from_json(answer, loop, pool) if answer else None
+    return _picked(answer, loop, pool) if answer else None
 
 
 def release_pick_answer(

@@ -100,6 +100,20 @@ local function hgetall(key)
   return t
 end
 
+-- The fields of a job that a pick reads (live_head, held_here) and answers (pick_reply), in
+-- the order it answers them: the worker reads them by place (queue.py PICK_FIELDS). Its
+-- summary, inbox and counts are not read: every value read is copied into Lua and hashed.
+local PICK_FIELDS = {'tenant', 'pool', 'cls', 'prompt_tokens', 'max_tokens', 'kv_bytes',
+  'payload', 'state', 'enqueued_at', 'deadline', 'engine', 'attempt', 'lease_deadline',
+  'charged', 'reason', 'answered', 'seqs', 'stamp', 'reserved', 'kv_floor', 'kv_token',
+  'affinity', 'observed'}
+local function read_job(job_id)
+  local values = redis.call('HMGET', k_job(job_id), unpack(PICK_FIELDS))
+  local job = {}
+  for i, name in ipairs(PICK_FIELDS) do job[name] = values[i] or nil end
+  return job
+end
+
 -- A job's events go to its waiter's inbox when it has one (a web process's list, read for
 -- all of its waiters at once: each entry is '<job id> <event>'), else to the job's own list.
 -- `inbox`: the job's `inbox` field where the caller has read it (false: it has none).
@@ -502,7 +516,7 @@ local function live_head(queue)
   while true do
     local job_id = redis.call('LINDEX', queue, '0')
     if not job_id then return nil end
-    local job = hgetall(k_job(job_id))
+    local job = read_job(job_id)
     if not job.state then
       redis.call('LPOP', queue)  -- an id whose job hash is gone: nothing to run
     elseif num(job.deadline) <= NOW then
@@ -761,7 +775,7 @@ local function pick_on(engine_id, pool, lease_s, weights, ask, engine, usage)
       holders[key] = holder
     end
     if holder ~= engine_id then return nil end
-    local job = hgetall(k_job(job_id))
+    local job = read_job(job_id)
     local weight, out, limit = admit(tenant, job, false)
     if not weight then return nil end
     job.affinity_engine = engine_id
@@ -980,16 +994,16 @@ local function pool_has_queued(pool)
 end
 
 -- Pick for the given engine, or ('') for the pool's engine with the most room that has an
--- admissible job. Returns the job as one bulk reply (cheaper for clients to read than a flat
--- array): its fields but the payload, as a JSON object, then a newline and its payload as it
--- is (JSON itself: encoding it again would escape each of its quotes, at both ends); false
--- when nothing may run now; an error reply; or (`ask`: the pick may ask for a lease, see
--- pick_on) {"want": {tenant, idle, want, need, engine}} when a
--- tenant's lease in the pool holds its fairest job back.
+-- admissible job. Returns the job as an array: its id, '1' where its worker should summon the
+-- next loop (else ''), then its PICK_FIELDS in order (false where it has none): no JSON to
+-- encode, and its payload is copied once more, not escaped or joined to another string;
+-- false when nothing may run now; an error reply; or (`ask`: the pick may ask for a lease,
+-- see pick_on) {"want": {tenant, idle, want, need, engine}} as JSON, when a tenant's lease
+-- in the pool holds its fairest job back.
 -- `loop` (optional) is the dispatch loop picking: {token, idle_s, starting, summon_s}. A loop
 -- that finds nothing is registered idle for `idle_s`. A loop just started clears the summons
--- that started it; if more work waits and no loop is idle, the job's `summon` field asks it
--- to summon the next loop (fan-out). `engine`: the engine's hash, when the caller has read it.
+-- that started it; if more work waits and no loop is idle, the answer asks its worker to
+-- summon the next loop (fan-out). `engine`: the engine's hash, when the caller has read it.
 local function pick_reply(pool, engine_id, lease_s, weights, loop, ask, engine)
   loop = loop or {}
   if loop.starting then redis.call('DEL', k_loop_summoned(pool)) end
@@ -1014,15 +1028,13 @@ local function pick_reply(pool, engine_id, lease_s, weights, loop, ask, engine)
     end
     return false
   end
-  job.job_id = job_id
+  local summon = ''
   if loop.starting and pool_has_queued(pool) and summon_loop(pool, loop.summon_s) == 'summon' then
-    job.summon = 1
+    summon = '1'
   end
-  -- cjson escapes a newline in a string: the first one ends the fields.
-  local payload = job.payload
-  job.payload, job.summary = nil, nil  -- the summary is for the job once it is over
-  if not payload then return cjson.encode(job) end
-  return cjson.encode(job) .. '\n' .. payload
+  local reply = {job_id, summon}
+  for i, name in ipairs(PICK_FIELDS) do reply[i + 2] = job[name] or false end
+  return reply
 end
 
 -- A dispatch loop's arguments to a pick, from ARGV[first..]: token ('' = not a loop),

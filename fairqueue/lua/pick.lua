@@ -4,7 +4,7 @@
 -- token, idle_s, starting and summon_s (see loop_from; token '' = not a loop), then
 -- ask ('1': a tenant's lease that holds its fairest job back is asked for; '': such a job
 -- is passed over).
--- Returns the job as a JSON object, false when nothing may run now, or what a tenant's
--- lease should grow by (pick_reply).
+-- Returns the job (its id, whether to summon a loop, its fields: pick_reply), false when
+-- nothing may run now, or what a tenant's lease should grow by.
 return pick_reply(ARGV[4], ARGV[5], tonumber(ARGV[6]), weights_from(7), loop_from(10),
   ARGV[14] == '1')

@@ -5,8 +5,8 @@
 -- the run's last words (tell_last_words): its final event, an outbox list, an entry for it,
 -- and its time to first token in seconds ('' = none); then same_engine ('1': pick for the
 -- engine the released job ran on, whatever engine_id says).
--- Returns {released (1/0), next job as JSON, false, or what a tenant's lease should grow by
--- (pick_reply: the caller asks for it, then picks with pick.lua)}.
+-- Returns {released (1/0), the next job (pick_reply's array), false, or what a tenant's
+-- lease should grow by (pick_reply: the caller asks for it, then picks with pick.lua)}.
 --
 -- The engine a release frees room on is the one place where room appeared, so a worker's
 -- turn picks for it alone (same_engine): a pick then reads one engine's hashes, not every
@@ -28,5 +28,5 @@ else
 end
 local next_job = pick_reply(ARGV[8], engine_id, tonumber(ARGV[10]), weights_from(11),
   loop_from(14), true, engine)
-if type(next_job) == 'table' then return next_job end  -- an error reply
+if type(next_job) == 'table' and next_job.err then return next_job end  -- an error reply
 return {released, next_job}

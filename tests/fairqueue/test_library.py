@@ -14,6 +14,7 @@ import redis
 from fairqueue import FairQueue, FairQueueConfig, library
 from fairqueue.aio import AsyncFairQueue
 from fairqueue.domain import EnginePolicy, Job, TenantPolicy
+from fairqueue.queue import PICK_FIELDS
 from plumbing.aio_redis import AsyncRedis
 from tests.fairqueue.conftest import FAIRQUEUE_REDIS_URL
 
@@ -108,14 +109,22 @@ def test_a_script_error_is_raised_not_taken_for_a_missing_library(fq: FairQueue)
 
 @pytest.mark.parametrize("payload", ['{"text": "a\\nb"}', "a\nb\n", ""])
 def test_a_picked_jobs_payload_comes_back_as_it_went_in(fq: FairQueue, payload: str) -> None:
-    # A pick answers the job's fields as JSON, then its payload as it is after the first
-    # newline (lib.lua pick_reply): newlines of its own, or none, change nothing.
+    # A pick answers the job's fields one by one (lib.lua pick_reply): newlines of its own,
+    # or none, change nothing.
     setup(fq)
     fq.enqueue(tenant="t", pool="p", request_class="standard", prompt_tokens=1, max_tokens=1,
                kv_bytes=1, payload=payload, now=0)  # fmt: skip
     picked = fq.pick("p", now=1)
     assert picked is not None
     assert picked.payload == payload
+
+
+def test_a_pick_answers_the_fields_the_worker_reads_in_its_order() -> None:
+    # The worker reads a picked job's fields by place (queue.py PICK_FIELDS).
+    source = (library.LUA_DIR / "lib.lua").read_text()
+    listed = re.search(r"^local PICK_FIELDS = \{(.*?)\}", source, re.MULTILINE | re.DOTALL)
+    assert listed is not None
+    assert tuple(re.findall(r"'(\w+)'", listed.group(1))) == PICK_FIELDS
 
 
 def test_the_constants_written_as_command_arguments_match_their_numbers() -> None:
