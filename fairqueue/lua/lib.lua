@@ -298,14 +298,20 @@ end
 -- OUT_SAMPLES are kept, and their quantile `quantile` is the prediction once OUT_MIN_SAMPLES
 -- are there. Kept SAMPLES_KEEP_S after the latest. Redis sorts them (SORT ... LIMIT: one
 -- value back): in Lua, turning each into a number and sorting them cost four times as much.
+-- Once the window is full, the list takes OUT_REFRESH - 1 more answers before it is cut
+-- back to the latest OUT_SAMPLES and their quantile computed again: one answer moves the
+-- quantile of the window by one place at most, and a sort per answer cost more than the rest
+-- of the release.
+local OUT_REFRESH = 8
 local function observe_output(pool, tenant, per_seq, quantile)
   local key = k_out_lens(pool, tenant)
   local count = redis.call('LPUSH', key, int(per_seq))
+  redis.call('EXPIRE', key, SAMPLES_KEEP)
   if count > OUT_SAMPLES then
+    if count < OUT_SAMPLES + OUT_REFRESH then return end
     redis.call('LTRIM', key, '0', OUT_LAST)
     count = OUT_SAMPLES
   end
-  redis.call('EXPIRE', key, SAMPLES_KEEP)
   if count < OUT_MIN_SAMPLES then return end
   local at = math.max(1, math.min(count, math.ceil(quantile * count)))
   local predicted = redis.call('SORT', key, 'LIMIT', int(at - 1), '1')[1]

@@ -113,6 +113,19 @@ def test_the_quantile_follows_the_latest_answers(fq: FairQueue) -> None:
 
 
 @pytest.mark.usefixtures("tenant")
+def test_a_full_window_is_predicted_again_every_eighth_answer(fq: FairQueue) -> None:
+    # lib.lua observe_output: a full window takes 7 more answers, then is cut back to the
+    # latest 64 and sorted again.
+    fq.set_engine_policy(engine(quantile=0.95))
+    teach(fq, [10] * 64)
+    assert fq.output_predictions("p") == {"a": 10}
+    teach(fq, [500] * 7)
+    assert fq.output_predictions("p") == {"a": 10}  # the 61st of 64 was 500 by the 4th
+    teach(fq, [500])
+    assert fq.output_predictions("p") == {"a": 500}
+
+
+@pytest.mark.usefixtures("tenant")
 def test_a_job_that_asks_for_fewer_tokens_than_predicted_reserves_what_it_asked(
     fq: FairQueue,
 ) -> None:
