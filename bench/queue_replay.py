@@ -6,7 +6,8 @@ limits script) and enqueues it with a 2 KB body (`enqueue_summoning`); when a ru
 ends, its worker releases it with its last words (the `done` event to the web's inbox, its
 ledger row) and picks the pool's next job in the same call (`release_and_pick`, the
 dispatcher's turn); the web reads its inbox, and the tokens the request did not use go back
-to its limits (`limits_settle`). The ledger's rows are drained as the flusher drains them.
+to its limits (each engine's worker sums its requests' refunds and writes them every half
+second: `Settlements`). The ledger's rows are drained as the flusher drains them.
 The engines are simulated (a running request ends when its turn comes, at random): they
 take no CPU, and every seat stays busy, with a queue of at least 2,000 behind them. The
 engines reserve KV as the platform's do by default (`predict`: a job's prompts and the output
@@ -69,6 +70,7 @@ SEATS_PER_ENGINE = 16
 BODY = "x" * 2048
 INBOX = "web-1"
 HOUSEKEEPING_S = 2.0  # GPUSHARE_HOUSEKEEPING_INTERVAL_S's default
+WATCH_S = 0.5  # a worker's flush of its settlements (workers/dispatch.py WATCH_S)
 OUT_SAMPLES = 64  # the answer lengths kept per tenant and pool (lua/lib.lua OUT_SAMPLES)
 # A job's KV: 512 prompt tokens and up to 88 of output, at 128 KiB a token (its worst case),
 # or its prompts and the output its tenant's answers predict (the engines' `predict` mode).
@@ -283,6 +285,14 @@ class Replay:
         # had no choice: it looked at every engine of the pool).
         turn = inspect.signature(self.queue.release_and_pick).parameters
         self.turn: dict[str, Any] = {"same_engine": True} if "same_engine" in turn else {}
+        # Each engine's worker settles its requests' limits in a flush every WATCH_S (a tree
+        # from before: each at its end, None).
+        import tenants.limits
+
+        self.settlements: dict[str, Any] | None = (
+            {} if hasattr(tenants.limits, "Settlements") else None
+        )
+        self.flushes = 0  # the workers' flushes of settlements that had some
         # Each job carries its tenant's prefix-cache affinity key, as the web's do (where the
         # queue knows of affinity: a replay of an older commit runs without).
         self.affine = "affinity" in inspect.signature(self.queue.enqueue_args).parameters
@@ -354,7 +364,7 @@ class Replay:
         """The job's run ends: released with its last words and the pool's next pick; the
         web reads its answer and settles its limits."""
         from fairqueue.queue import LastWords
-        from tenants.limits import limits_settle
+        from tenants.limits import Settlements, limits_settle
         from tenants.usage_buffer import outbox
 
         done = {
@@ -379,8 +389,21 @@ class Replay:
         ))  # fmt: skip
         self.client.lpop(self.inboxes[job.pool], 16)
         admission = self.admissions.pop(job.job_id)
-        self.breakdown.step("settle", lambda: limits_settle(admission=admission, used_tokens=580))
+        if self.settlements is None:  # a tree from before: each request settled at its end
+            self.breakdown.step("settle", lambda: limits_settle(admission=admission,
+                                                                used_tokens=580))  # fmt: skip
+        else:
+            self.settlements.setdefault(job.engine_id, Settlements()).add(
+                admission=admission, used_tokens=580
+            )
         return next_job
+
+    def flush_settlements(self) -> None:
+        """Each engine's worker writes its settlements every WATCH_S (workers/dispatch.py)."""
+        for settlements in (self.settlements or {}).values():
+            if settlements.pending:
+                self.flushes += 1
+                self.breakdown.step("settle", settlements.flush)
 
     def run(self, requests: int, keep_s: int, breakdown: bool) -> dict[str, Any]:
         client, nodes, counter = self.client, self.nodes, self.target.counter
@@ -390,6 +413,7 @@ class Replay:
             self.arrive(j)
             first = self.fill_one(pool)
             self.end(first)
+        self.flush_settlements()
         for key in [*self.inboxes.values(), *self.pending_keys]:
             client.delete(key)
         empty = used_memory(nodes)
@@ -414,9 +438,9 @@ class Replay:
         commands = [command_stats([node]) for node in nodes]
         cpu = [server_cpu_s(node) for node in nodes]
         started = time.perf_counter()
-        housekept = started
+        housekept = flushed = started
         self.breakdown.on = breakdown
-        self.rebalanced = 0
+        self.rebalanced = self.flushes = 0
         if counter is not None:
             counter.count(True)
         for turn in range(requests):
@@ -432,12 +456,16 @@ class Replay:
             else:  # until housekeeping brings its tenants' leases back
                 self.empty.append(job.pool)
                 self.left_empty += 1
+            if time.perf_counter() - flushed >= WATCH_S:
+                flushed = time.perf_counter()
+                self.flush_settlements()
             if turn % 100 == 99:  # the ledger's flusher
                 for key in self.pending_keys:
                     client.ltrim(key, 100, -1)
             if self.tenant_pools > 1 and time.perf_counter() - housekept >= HOUSEKEEPING_S:
                 housekept = time.perf_counter()
                 self.housekeeping(running)
+        self.flush_settlements()
         replay_s = time.perf_counter() - started
         if counter is not None:
             counter.count(False)
@@ -482,6 +510,7 @@ class Replay:
                 "instructions": instructions, "per_node": per_node, "idle_ms_s": idle_ms_s,
                 "replay_s": replay_s, "rebalanced": self.rebalanced,
                 "left_empty": self.left_empty, "empty_at_end": len(self.empty),
+                "settled_per_flush": requests / self.flushes if self.flushes else 0.0,
                 "steps": {k: v / requests for k, v in self.breakdown.usec.items()}}  # fmt: skip
 
 
@@ -550,6 +579,9 @@ def print_shape(shape: Shape, result: dict[str, Any], instructions: bool) -> Non
           flush=True)  # fmt: skip
     if instructions:
         print(f"{'':>15} | instructions per request: {result['instructions']:,.0f}")
+    if result["settled_per_flush"]:
+        print(f"{'':>15} | requests settled per flush of a worker's settlements: "
+              f"{result['settled_per_flush']:.1f}")  # fmt: skip
     if result["steps"]:
         steps = ", ".join(f"{k} {v:.0f} us" for k, v in result["steps"].items())
         print(f"{'':>15} | scripts per request: {steps}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db.models import Sum
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
 from plumbing.aio_redis import AsyncRedis
@@ -115,11 +117,12 @@ return {verdict, retry, requests_left, requests_reset, tokens_left, tokens_reset
 """
 
 
-# A negative refund is a charge (DECRBY of a negative amount adds it).
+# KEYS[i] is given back ARGV[i] tokens, never below zero (a negative refund is a charge:
+# DECRBY of a negative amount adds it); a counter that is gone, its window over, stays gone.
 _REFUND = """
-for _, k in ipairs(KEYS) do
+for i, k in ipairs(KEYS) do
   if redis.call('EXISTS', k) == 1 then
-    if redis.call('DECRBY', k, ARGV[1]) < 0 then redis.call('SET', k, 0, 'KEEPTTL') end
+    if redis.call('DECRBY', k, ARGV[i]) < 0 then redis.call('SET', k, 0, 'KEEPTTL') end
   end
 end
 """
@@ -381,7 +384,7 @@ def limits_settle(*, admission: Admission, used_tokens: int, request_id: str = "
     settling = _settling(admission, used_tokens, request_id)
     if settling is not None:
         keys, refund = settling
-        _script(_REFUND)(keys=keys, args=[refund])
+        _script(_REFUND)(keys=keys, args=[refund] * len(keys))
 
 
 async def limits_settle_async(
@@ -391,7 +394,62 @@ async def limits_settle_async(
     settling = _settling(admission, used_tokens)
     if settling is not None:
         keys, refund = settling
-        await client.evalsha(_script(_REFUND).sha, _REFUND, len(keys), *keys, refund)
+        await client.evalsha(_script(_REFUND).sha, _REFUND, len(keys), *keys, *[refund] * len(keys))
+
+
+class Settlements:
+    """A process's settlements of its requests' minute counters, summed per counter and
+    written together by `flush`: a worker flushes them every half second
+    (workers/dispatch.py, WATCH_S), in one round trip to Redis for all of them where each
+    request cost one. A request's budget is settled at once (`add`): its counter stands for
+    the period. Until a flush, and where one fails, the counters keep the requests'
+    estimates, which only errs on the strict side (as a settle that fails)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # `add` and `flush` run on the worker's threads
+        self._pending: dict[str, dict[str, int]] = {}  # tenant slot: {counter: refund}
+
+    def add(self, *, admission: Admission, used_tokens: int, request_id: str = "") -> None:
+        """`limits_settle`'s work, its minute counters' part kept for the next flush."""
+        settling = _settling(admission, used_tokens, request_id)
+        if settling is None:
+            return
+        keys, refund = settling
+        if admission.budget_key:
+            _script(_REFUND)(keys=[admission.budget_key], args=[refund])
+            keys = [key for key in keys if key != admission.budget_key]
+        with self._lock:
+            counters = self._pending.setdefault(tenant_slot(admission.tenant_id), {})
+            for key in keys:
+                counters[key] = counters.get(key, 0) + refund
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    def flush(self) -> int:
+        """Writes what was added since the last flush; returns the counters written. A
+        single Redis takes them in one call; a cluster, one call per tenant (each tenant's
+        counters are in its own slot)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        if not pending:
+            return 0
+        refund = _script(_REFUND)
+        batches = list(pending.values())
+        if not isinstance(redis_client(), RedisCluster):
+            batches = [{key: n for counters in batches for key, n in counters.items()}]
+        written = 0
+        for counters in batches:
+            keys = [key for key, n in counters.items() if n]  # requests that used their estimate
+            if keys:
+                refund(keys=keys, args=[counters[key] for key in keys])
+                written += len(keys)
+        return written
+
+
+# The worker's, for the requests it ran (workers/dispatch.py).
+settlements = Settlements()
 
 
 def _settling(

@@ -70,7 +70,7 @@ from scheduler.engines.client import EngineRequestError
 from scheduler.models import Engine
 from scheduler.pools.policies import engine_changes, fair_queue
 from telemetry.rejections import UNRESERVED_KEY
-from tenants.limits import Admission, limits_settle
+from tenants.limits import Admission, settlements
 from tenants.usage_buffer import end_user
 from tenants.usage_buffer import outbox as usage_outbox
 from workers import run_trace
@@ -217,6 +217,7 @@ class Dispatcher:
         ends = time.monotonic() + 10
         while self._tasks and time.monotonic() < ends:
             await asyncio.sleep(0.02)
+        await self.flush_settlements()
         for client in self._engine_clients.values():
             await client.close()
         await self.reports.close()
@@ -285,6 +286,16 @@ class Dispatcher:
         except Exception:  # a batch line's answer is taken from its events by the feeder
             log.exception("job %s: could not settle", run.job.job_id)
 
+    async def flush_settlements(self) -> None:
+        """The limits' settlements of the runs that ended since the last flush (`settle`),
+        written together: one round trip per WATCH_S, not one per run."""
+        if not settlements.pending:
+            return
+        try:
+            await self.in_thread(settlements.flush)
+        except Exception:  # a missed refund only errs on the strict side
+            log.warning("could not settle the limits of the runs that ended", exc_info=True)
+
     async def note_unreserved(self, job: Job, result: RunResult) -> None:
         """A prompt the engine counted longer than its reservation: the KV reserved and the
         quota fell short of it. Never expected (the bounds are upper bounds); logged and
@@ -347,6 +358,7 @@ class Dispatcher:
         renewed_at = time.monotonic()
         while True:
             await asyncio.sleep(WATCH_S)
+            await self.flush_settlements()
             runs = list(self.runs.values())
             if not runs:
                 renewed_at = time.monotonic()
@@ -569,13 +581,16 @@ def time_to_first_token(job: Job, request: dict[str, Any], result: RunResult) ->
 
 
 def settle(job: Job, request: dict[str, Any], result: RunResult) -> None:
-    """The run's limits settled to its real tokens and, for a batch line, its answer
-    written to the line (its ledger row went with the release)."""
+    """The run's limits settled to its real tokens (its minute counters with the process's
+    next flush of its settlements) and, for a batch line, its answer written to the line
+    (its ledger row went with the release)."""
     used = result.prompt_tokens + result.completion_tokens
     admission = request.get("admission")
     if admission:
         try:
-            limits_settle(admission=Admission(**admission), used_tokens=used, request_id=job.job_id)
+            settlements.add(
+                admission=Admission(**admission), used_tokens=used, request_id=job.job_id
+            )
         except Exception:  # a missed refund only errs on the strict side
             log.warning("could not settle limits of job %s", job.job_id, exc_info=True)
     if request.get("batch_id"):  # nobody waits on a batch line: its result goes to its batch

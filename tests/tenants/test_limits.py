@@ -19,6 +19,7 @@ from tenants.limits import (
     Admission,
     BudgetExhausted,
     RateLimited,
+    Settlements,
     duration_text,
     limits_admit_async,
     limits_settle,
@@ -243,6 +244,31 @@ def test_a_keys_tpm_is_settled_to_the_tokens_used(owner, redis_db, limits_admit)
         limits_admit(tenant=owner, estimated_tokens=300, now=NOW + 1, api_key=key)
     limits_settle(admission=admission, used_tokens=100)
     limits_admit(tenant=owner, estimated_tokens=300, now=NOW + 2, api_key=key)
+
+
+def test_a_processs_settlements_are_summed_per_counter_and_written_at_its_flush(
+    owner, outsider, redis_db
+):
+    # A worker's settlements (workers/dispatch.py): its minute counters keep the estimates
+    # until its flush, which writes each counter once for all the requests it settles; a
+    # budget is settled at once.
+    tenant_update(tenant=owner, tpm_limit=10_000, token_budget=50_000, budget_period="day")
+    tenant_update(tenant=outsider, tpm_limit=10_000)
+    ours = [limits_admit_sync(tenant=owner, estimated_tokens=800, now=NOW + i) for i in range(3)]
+    theirs = limits_admit_sync(tenant=outsider, estimated_tokens=500, now=NOW)
+    settlements = Settlements()
+    for admission in ours:
+        settlements.add(admission=admission, used_tokens=100)
+    settlements.add(admission=theirs, used_tokens=500)  # all it was counted for: no refund
+    minute = int(NOW // 60)
+    counters = [f"{tenant_slot(tenant.pk)}tok:{minute}" for tenant in (owner, outsider)]
+    assert [redis_db.get(counter) for counter in counters] == ["2400", "500"]
+    assert redis_db.get(ours[0].budget_key) == "300"  # at once
+    assert settlements.pending
+    assert settlements.flush() == 1  # one counter written, once, for its three requests
+    assert [redis_db.get(counter) for counter in counters] == ["300", "500"]
+    assert not settlements.pending
+    assert settlements.flush() == 0
 
 
 @pytest.fixture(scope="module")
