@@ -118,17 +118,20 @@ def test_the_key_is_read_from_the_engines_environment(monkeypatch) -> None:
     assert not gate_module.EngineKeyGate(None).allows([(b"authorization", b"Bearer other")])
 
 
-def test_the_gates_directory_holds_it_alone_and_it_imports_the_standard_library_only() -> None:
+def test_the_engines_path_holds_the_gate_and_its_site_importing_the_standard_library() -> None:
+    # The folder is the engine's whole PYTHONPATH: the gate, and the start-up of every one of
+    # its processes (sitecustomize.py: tests/scheduler/engines/test_engine_side_site.py).
     files = {p.name for p in ENGINE_SIDE_DIR.iterdir() if p.name != "__pycache__"}
-    assert files == {"gpushare_engine_gate.py"}
-    tree = ast.parse((ENGINE_SIDE_DIR / "gpushare_engine_gate.py").read_text())
-    imported = {
-        (node.module or "" if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Import | ast.ImportFrom)
-        for alias in node.names
-    }
-    assert imported - {"__future__"} <= sys.stdlib_module_names
+    assert files == {"gpushare_engine_gate.py", "sitecustomize.py"}
+    for name in files:
+        tree = ast.parse((ENGINE_SIDE_DIR / name).read_text())
+        imported = {
+            (node.module or "" if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in node.names
+        }
+        assert imported - {"__future__"} <= sys.stdlib_module_names, name
 
 
 def test_the_scrape_token_opens_metrics_and_nothing_else() -> None:
