@@ -23,7 +23,9 @@ from tenants.models import Tenant
 from tenants.services import IssuedKey
 from tests.billing.ledger import charge
 
-NOW = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+# Noon of the day the tests run: the hard stop is checked against the clock, so the day a
+# budget is exhausted must be today.
+NOW = datetime.now(tz=UTC).replace(hour=12, minute=0, second=0, microsecond=0)
 
 
 class Hook:
@@ -116,7 +118,7 @@ def test_a_hard_stop_refuses_the_tenant_until_the_period_ends(
     [crossing] = budgets_check(NOW)
     assert crossing.thresholds == [50, 80, 100]
     crossing.budget.refresh_from_db()
-    assert crossing.budget.exhausted_until == datetime(2026, 12, 8, tzinfo=UTC)
+    assert crossing.budget.exhausted_until == NOW.replace(hour=0) + timedelta(days=1)
     clear_cache()
     with pytest.raises(MoneyBudgetExhausted) as refused:
         money_admit(tenant_id=owner.pk, api_key_id=key.pk)
