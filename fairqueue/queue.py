@@ -172,7 +172,9 @@ def release_args(
     last_words: LastWords | None,
 ) -> list[Any]:
     stamp = "" if attempt is None else str(attempt)
-    return [job_id, prompt_tokens, completion_tokens, stamp, *(last_words or NO_LAST_WORDS).args()]
+    # Whole numbers as int() writes them: the script stores them as they come.
+    tokens = (int(prompt_tokens), int(completion_tokens))
+    return [job_id, *tokens, stamp, *(last_words or NO_LAST_WORDS).args()]
 
 
 def pick_answer(answer: Any, loop: DispatchLoop | None, pool: str) -> Job | LeaseWant | None:
@@ -498,14 +500,16 @@ class FairQueue:
         check_id("tenant", tenant)
         check_tag("pool", pool)
         timeout = repr(float(self.config.queue_timeouts_s[request_class]))
+        # Whole numbers as int() writes them: the script stores them as they come.
         return [
-            *(job_id, tenant, pool, request_class, prompt_tokens, max_tokens, kv_bytes),
+            *(job_id, tenant, pool, request_class, int(prompt_tokens), int(max_tokens)),
+            int(kv_bytes),
             *(timeout, payload, str(self.config.loop_summon_s) if summon else "", inbox),
-            max_waiting,
+            int(max_waiting),
             summary,
-            seqs,
-            floor,
-            kv_token,
+            int(seqs),
+            int(floor),
+            int(kv_token),
             "1" if observed else "",
             affinity,
         ]

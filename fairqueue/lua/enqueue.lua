@@ -13,9 +13,10 @@
 -- Returns {'ok', enqueued_at, deadline, '' or what summon_loop said} or
 -- {'rejected', reason, detail}.
 local job_id, tenant, pool, cls = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local prompt_tokens, max_tokens = tonumber(ARGV[8]), tonumber(ARGV[9])
-local kv_bytes, payload = tonumber(ARGV[10]), ARGV[12]
-local deadline = NOW + tonumber(ARGV[11])
+-- The counts and byte sizes are whole numbers as queue.py writes them (enqueue_args), and
+-- are stored as they came: a number is converted only where it is compared.
+local kv_bytes, payload = ARGV[10] + 0, ARGV[12]
+local deadline = NOW + ARGV[11]
 
 if redis.call('EXISTS', k_job(job_id)) == 1 then
   return {'rejected', 'duplicate_job', 'a job with this id already exists'}
@@ -31,7 +32,7 @@ if not policy[1] then
   return {'rejected', 'unknown_tenant', 'the scheduler has no policy for tenant ' .. tenant}
 end
 local largest, predicts = shape.largest, shape.predicts
-local kv_floor, kv_token = tonumber(ARGV[18] or '') or kv_bytes, tonumber(ARGV[19] or '') or 0
+local kv_floor, kv_token = numor(ARGV[18], kv_bytes), num(ARGV[19])
 if kv_bytes > largest then
   return {'rejected', 'larger_than_engine', string.format(
     'needs %d KV bytes; the largest engine of pool %s has %d', kv_bytes, pool, largest)}
@@ -45,7 +46,7 @@ if least > ceiling then
   return {'rejected', 'larger_than_quota', string.format(
     'needs %d KV bytes; tenant %s may hold at most %d (quota + burst)', kv_bytes, tenant, ceiling)}
 end
-local max_waiting = tonumber(ARGV[15] or '0') or 0
+local max_waiting = num(ARGV[15])
 if max_waiting > 0 then
   local waiting = 0
   for _, c in ipairs(CLASSES) do waiting = waiting + redis.call('LLEN', k_queue(pool, c, tenant)) end
@@ -55,13 +56,12 @@ if max_waiting > 0 then
   end
 end
 
-local at, until_s = fmt(NOW), fmt(deadline)
+local at, until_s = now_s(), fmt(deadline)
 local fields = {'tenant', tenant, 'pool', pool, 'cls', cls,
-  'prompt_tokens', int(prompt_tokens), 'max_tokens', int(max_tokens), 'kv_bytes', int(kv_bytes),
+  'prompt_tokens', ARGV[8], 'max_tokens', ARGV[9], 'kv_bytes', ARGV[10],
   'payload', payload, 'state', 'queued', 'enqueued_at', at, 'deadline', until_s,
   'attempt', '0', 'charged', '0', 'reserved', '0', 'inbox', ARGV[14] or '',
-  'seqs', int(math.max(1, tonumber(ARGV[17] or '1') or 1)),
-  'kv_floor', int(math.min(kv_floor, kv_bytes)), 'kv_token', int(kv_token),
+  'seqs', ARGV[17], 'kv_floor', ARGV[18], 'kv_token', ARGV[19],
   'observed', ARGV[20] or '', 'affinity', ARGV[21] or ''}
 if (ARGV[16] or '') ~= '' then
   table.insert(fields, 'summary')
@@ -71,5 +71,5 @@ redis.call('HSET', k_job(job_id), unpack(fields))
 redis.call('ZADD', k_waiting(), until_s, job_id)
 queue_job(job_id, pool, cls, tenant, false, ARGV[21] or '')
 local loops = ''
-if ARGV[13] ~= '' then loops = summon_loop(pool, tonumber(ARGV[13])) end
+if ARGV[13] ~= '' then loops = summon_loop(pool, ARGV[13]) end
 return {'ok', at, until_s, loops}

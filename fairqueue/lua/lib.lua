@@ -12,15 +12,17 @@
 -- only the keys its call declares, KEYS, all of one hash slot (a tenant's `{t:<t>}` or a
 -- pool's `{p:<p>}`); `begin_keyed` sets KEYS and ARGV, and their arguments start at ARGV[1].
 --
--- KEYS, ARGV, P, T, KEEP, NOW and LEFT_BACKLOG belong to the call running now: Redis runs one
--- call at a time, and each call sets them first (`begin`, `begin_keyed`), so no call sees
--- another's. LEFT_BACKLOG counts the tenants each backlog lost in the call (leave_backlog),
+-- KEYS, ARGV, P, T, KEEP, NOW, LEFT_BACKLOG, NOW_S and TAGS belong to the call running now:
+-- Redis runs one call at a time, and each call sets them first (`begin`, `begin_keyed`), so
+-- no call sees another's. NOW_S (NOW as written: now_s) and TAGS (the pools' key prefixes:
+-- tag) are made once per call where it needs them: formatting a number, or joining strings,
+-- costs a call more than the table lookup that reuses it. LEFT_BACKLOG counts the tenants each backlog lost in the call (leave_backlog),
 -- by which a scan of a backlog in pages finds its next page (backlogged).
-local KEYS, ARGV, P, T, KEEP, NOW, LEFT_BACKLOG
+local KEYS, ARGV, P, T, KEEP, NOW, LEFT_BACKLOG, NOW_S, TAGS
 
 local function begin(keys, argv)
   KEYS = keys
-  LEFT_BACKLOG = {}
+  LEFT_BACKLOG, NOW_S, TAGS = {}, nil, {}
   T = keys[1]
   ARGV = argv
   P = argv[1]
@@ -29,15 +31,15 @@ local function begin(keys, argv)
   -- queue deadlines do not depend on their clocks agreeing. Tests pass their own.
   if argv[2] == '' then
     local clock = redis.call('TIME')
-    NOW = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+    NOW = clock[1] + clock[2] / 1000000
   else
-    NOW = tonumber(argv[2])
+    NOW = argv[2] + 0
   end
 end
 
 local function begin_keyed(keys, argv)
   KEYS = keys
-  LEFT_BACKLOG = {}
+  LEFT_BACKLOG, NOW_S, TAGS = {}, nil, {}
   ARGV = argv
 end
 
@@ -50,7 +52,14 @@ local SAMPLES_KEEP = '86400'  -- SAMPLES_KEEP_S, as a command's argument
 -- Every key of a pool's decisions carries the pool's hash tag, `{p:<pool>}`: T (the call's
 -- KEYS[1], `<prefix>{p:<pool>}:`) starts them all, so a call touches one slot. The keys that
 -- name a pool build the same prefix from it (the call's pool, whose tag T is).
-local function tag(pool) return P .. '{p:' .. pool .. '}:' end
+local function tag(pool)
+  local prefix = TAGS[pool]
+  if not prefix then
+    prefix = P .. '{p:' .. pool .. '}:'
+    TAGS[pool] = prefix
+  end
+  return prefix
+end
 local function k_job(id) return T .. 'job:' .. id end
 local function k_events(id) return T .. 'job:' .. id .. ':events' end
 local function k_queue(pool, cls, tenant) return tag(pool) .. 'q:' .. cls .. ':' .. tenant end
@@ -79,10 +88,17 @@ local function k_idle_loops(pool) return tag(pool) .. 'loops:idle' end
 local function k_loop_summoned(pool) return tag(pool) .. 'loops:summoned' end
 local function k_loop_wake(token) return T .. 'loop:' .. token .. ':wake' end
 
--- A missing hash field comes back as false.
+-- A missing hash field comes back as false, and an unset one may be ''. Every other value
+-- read as a number is one the platform wrote as a number. `v + 0` converts it once;
+-- tonumber() would convert it twice (it checks it is a number, then converts it).
 local function num(v)
-  if not v then return 0 end
-  return tonumber(v) or 0
+  if not v or v == '' then return 0 end
+  return v + 0
+end
+-- As num, with `default` for a value that is missing or unset.
+local function numor(v, default)
+  if not v or v == '' then return default end
+  return v + 0
 end
 
 -- Lua turns numbers into strings with 14 digits; counters and byte totals need all of them.
@@ -92,6 +108,17 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 local function int(x) return string.format('%d', x) end
+local function now_s()
+  if not NOW_S then NOW_S = fmt(NOW) end
+  return NOW_S
+end
+-- The negative of a count the scripts wrote with int() ('' or false: 0), without turning it
+-- into a number and back.
+local function negated(count)
+  if not count or count == '' or count == '0' then return '0' end
+  if string.byte(count, 1) == 45 then return string.sub(count, 2) end  -- '-'
+  return '-' .. count
+end
 
 local function hgetall(key)
   local flat = redis.call('HGETALL', key)
@@ -143,14 +170,18 @@ local function tell_last_words(job_id, event, outbox, entry, inbox)
   if entry ~= '' then redis.call('RPUSH', outbox, entry) end
 end
 
+-- The tenant's counter, and as it is written ('0' where it has none).
 local function get_counter(pool, cls, tenant)
-  return num(redis.call('HGET', k_counters(pool, cls), tenant))
+  local written = redis.call('HGET', k_counters(pool, cls), tenant)
+  if not written then return 0, '0' end
+  return num(written), written
 end
 
 -- XX: a tenant's score in the backlog follows its counter only while it is backlogged.
 local function set_counter(pool, cls, tenant, value)
-  redis.call('HSET', k_counters(pool, cls), tenant, fmt(value))
-  redis.call('ZADD', k_backlog(pool, cls), 'XX', fmt(value), tenant)
+  local written = fmt(value)
+  redis.call('HSET', k_counters(pool, cls), tenant, written)
+  redis.call('ZADD', k_backlog(pool, cls), 'XX', written, tenant)
 end
 
 -- A tenant whose queue just became non-empty joins the backlog with its counter lifted, so
@@ -163,11 +194,12 @@ local function join_backlog(pool, cls, tenant)
   local backlog = k_backlog(pool, cls)
   local least = redis.call('ZRANGE', backlog, '0', '0', 'WITHSCORES')
   local target = num(redis.call('GET', k_seated(pool, cls)))
-  if #least > 0 and tonumber(least[2]) > target then target = tonumber(least[2]) end
+  if #least > 0 and least[2] + 0 > target then target = least[2] + 0 end
   local counter = get_counter(pool, cls, tenant)
   if counter < target then counter = target end
-  redis.call('HSET', k_counters(pool, cls), tenant, fmt(counter))
-  redis.call('ZADD', backlog, fmt(counter), tenant)
+  local written = fmt(counter)
+  redis.call('HSET', k_counters(pool, cls), tenant, written)
+  redis.call('ZADD', backlog, written, tenant)
 end
 
 local function leave_backlog(pool, cls, tenant)
@@ -270,7 +302,7 @@ local function job_cost(engine, job, ceiling)
   local predicted = redis.call('HGET', k_out_pred(job.pool), job.tenant)
   if predicted then
     local n = seats(job)
-    out = n * math.min(tonumber(predicted), math.floor(out / n))
+    out = n * math.min(predicted + 0, math.floor(out / n))
     cost = math.min(worst, num(job.kv_floor) + out * per_token)
   end
   if job.observed == '1' then return cost, math.min(cost, ceiling), out end
@@ -286,7 +318,7 @@ local KV_MEASURE_S = 30
 local function engine_free(engine, usage)
   local budget, used = num(engine.kv_budget_bytes), num(usage.reserved)
   if engine.reservation == 'predict' then
-    budget = math.floor(budget * (tonumber(engine.kv_scale) or 1))
+    budget = math.floor(budget * numor(engine.kv_scale, 1))
     if NOW - num(engine.kv_used_at) <= KV_MEASURE_S then
       used = used + num(engine.kv_excess_bytes)
     end
@@ -336,12 +368,15 @@ end
 -- pool and on the engine, its seats on the engine (a standard or offline job's are also
 -- counted apart, in `standard` or `offline`: the seat bounds count them), its lease.
 local function give_back(job_id, job)
-  local reserved = num(job.reserved)
-  redis.call('HINCRBY', k_lease(job.tenant), 'held', int(-held_bytes(job)))
-  redis.call('HINCRBY', k_engine_use(job.engine), 'reserved', int(-reserved))
-  redis.call('HINCRBY', k_engine_use(job.engine), 'inflight', int(-seats(job)))
+  local held = job.held
+  if not held or held == '' then held = job.reserved end  -- as held_bytes
+  local use, seats_taken = k_engine_use(job.engine), negated(job.seqs)
+  if seats_taken == '0' then seats_taken = '-1' end  -- as seats: at least one
+  redis.call('HINCRBY', k_lease(job.tenant), 'held', negated(held))
+  redis.call('HINCRBY', use, 'reserved', negated(job.reserved))
+  redis.call('HINCRBY', use, 'inflight', seats_taken)
   if job.cls ~= 'interactive' then
-    redis.call('HINCRBY', k_engine_use(job.engine), job.cls, int(-seats(job)))
+    redis.call('HINCRBY', use, job.cls, seats_taken)
   end
   redis.call('ZREM', k_inflight(), job_id)
 end
@@ -362,7 +397,7 @@ local function drop_payload(job_id)
 end
 
 local function finish(job_id, state, reason)
-  redis.call('HSET', k_job(job_id), 'state', state, 'reason', reason, 'finished_at', fmt(NOW))
+  redis.call('HSET', k_job(job_id), 'state', state, 'reason', reason, 'finished_at', now_s())
   drop_payload(job_id)
   redis.call('EXPIRE', k_job(job_id), KEEP)
 end
@@ -388,8 +423,8 @@ local function requeue_running(job_id, job, timeouts, reason)
 end
 
 local function timeouts_from(first)
-  return {interactive = tonumber(ARGV[first]), standard = tonumber(ARGV[first + 1]),
-          offline = tonumber(ARGV[first + 2])}
+  return {interactive = ARGV[first] + 0, standard = ARGV[first + 1] + 0,
+          offline = ARGV[first + 2] + 0}
 end
 
 -- Seats by class (docs/ARCHITECTURE.md, Seats by class and latency targets). For a class
@@ -399,6 +434,7 @@ end
 -- (SeatController, class_limit) states the same rules.
 local MISS_WEIGHT = 4  -- the most a miss counts, in multiples of the miss at its target
 local TTFT_SAMPLES = 200  -- the latest times to first token kept per engine and class
+local TTFT_LAST = '199'  -- TTFT_SAMPLES - 1, as a command's argument
 
 -- The seats the classes below `cls` hold on an engine now.
 local function held_below(usage, cls)
@@ -412,11 +448,11 @@ end
 -- nothing of the class runs there to protect.
 local function seats_below(engine, cls)
   local fixed = engine['fixed:' .. cls]
-  if fixed then return tonumber(fixed) end
+  if fixed then return fixed + 0 end
   local below = engine['below:' .. cls]
   if not engine['target:' .. cls] or not below then return nil end
   if NOW - num(engine['sampled:' .. cls]) > num(engine.target_idle_s) then return nil end
-  return math.max(1, math.floor(tonumber(below)))
+  return math.max(1, math.floor(below + 0))
 end
 
 -- '' while a job of `cls` may take a seat of the engine, else the class whose bound holds it
@@ -447,14 +483,14 @@ local function observe_ttft(engine_id, engine, cls, ttft, picked_at)
     engine['sampled:' .. cls], engine.target_quantile, engine.target_step, engine.target_idle_s,
     engine.max_num_seqs, engine.queued}
   if not f[1] then return end
-  local target, most = tonumber(f[1]), num(f[8]) + num(f[9])
+  local target, most = f[1] + 0, num(f[8]) + num(f[9])
   local samples = k_engine_ttfts(engine_id, cls)
   redis.call('LPUSH', samples, int(math.floor(ttft * 1000 + 0.5)))
-  redis.call('LTRIM', samples, 0, TTFT_SAMPLES - 1)
-  local below = tonumber(f[2])
+  redis.call('LTRIM', samples, '0', TTFT_LAST)
+  local below = numor(f[2], nil)
   if not below or NOW - num(f[4]) > num(f[7]) then below = most end
   local q, step, seats_total = num(f[5]), num(f[6]), num(f[8])
-  local fields = {'sampled:' .. cls, fmt(NOW)}
+  local fields = {'sampled:' .. cls, now_s()}
   if ttft > target and below > seats_total then
     below = seats_total  -- above the seats it bounds only places in the engine's queue
   end
@@ -463,7 +499,7 @@ local function observe_ttft(engine_id, engine, cls, ttft, picked_at)
   elseif num(picked_at) > num(f[3]) then
     below = below - step * q * math.min(ttft / target, MISS_WEIGHT)
     table.insert(fields, 'cut:' .. cls)
-    table.insert(fields, fmt(NOW))
+    table.insert(fields, now_s())
   else
     below = below - step * q
   end
@@ -481,11 +517,14 @@ end
 local RELEASE_FIELDS = {'state', 'attempt', 'reserved', 'held', 'tenant', 'engine', 'pool',
                         'cls', 'charged', 'charge_weight', 'seqs', 'stamp', 'picked_at',
                         'summary', 'inbox'}
--- `ttft`: the run's time to first token in seconds, for its class's controller (nil: none).
+-- `prompt_tokens` and `completion_tokens` are whole numbers as the caller wrote them
+-- (strings), stored as they came. `ttft`: the run's time to first token in seconds, for its
+-- class's controller (nil: none).
 -- Also returns the fields read of the job (`engine`: the engine it ran on, false when the
 -- job is gone; `inbox`, for tell_last_words), released or not, and the hash of the engine it
 -- ran on as it is after the release where the release read it (nil else).
-local function release_job(job_id, prompt_tokens, completion_tokens, attempt, ttft)
+local function release_job(job_id, prompt_written, completion_written, attempt, ttft)
+  local prompt_tokens, completion_tokens = prompt_written + 0, completion_written + 0
   -- Only what releasing needs: the job's payload can be large.
   local values = redis.call('HMGET', k_job(job_id), unpack(RELEASE_FIELDS))
   local job = {}
@@ -499,13 +538,13 @@ local function release_job(job_id, prompt_tokens, completion_tokens, attempt, tt
   if ttft or completion_tokens > 0 then engine = hgetall(k_engine(job.engine)) end
   if ttft then observe_ttft(job.engine, engine, job.cls, ttft, job.picked_at) end
   if completion_tokens > 0 then
-    local quantile = tonumber(engine.out_quantile) or 0.95
+    local quantile = numor(engine.out_quantile, 0.95)
     observe_output(job.pool, job.tenant, math.ceil(completion_tokens / seats(job)), quantile)
   end
   local charged = move_counter(job, token_charge(job, prompt_tokens, completion_tokens))
   local fields = {'reserved', '0', 'held', '0', 'lease_deadline', '', 'charged', charged,
-    'used_prompt_tokens', int(prompt_tokens), 'used_completion_tokens', int(completion_tokens),
-    'state', 'done', 'reason', 'released', 'finished_at', fmt(NOW)}
+    'used_prompt_tokens', prompt_written, 'used_completion_tokens', completion_written,
+    'state', 'done', 'reason', 'released', 'finished_at', now_s()}
   if job.summary then  -- as drop_payload, in the same write
     table.insert(fields, 'payload')
     table.insert(fields, job.summary)
@@ -536,8 +575,11 @@ end
 -- Backlogged tenants of a class, least counter first, each with its counter (its score in
 -- the backlog), read in pages: the first tenant usually has an admissible job, so most picks
 -- read one page, however many tenants wait.
-local PAGE = 16
-local PAGE_LAST = '15'  -- PAGE - 1, as a command's argument
+-- A page holds the fairest tenant, the AFFINITY_SCAN after it and the one that ends the
+-- scan (pick_on): every score read is formatted by Redis and copied into Lua, so a page is
+-- no longer than a pick needs.
+local PAGE = 10
+local PAGE_LAST = '9'  -- PAGE - 1, as a command's argument
 local function backlogged(pool, cls)
   local key = k_backlog(pool, cls)
   local start, left = 0, LEFT_BACKLOG[key] or 0
@@ -551,10 +593,10 @@ local function backlogged(pool, cls)
       -- many places as left the backlog.
       local now_left = LEFT_BACKLOG[key] or 0
       start, left = start + PAGE - (now_left - left), now_left
-      page, index = redis.call('ZRANGE', key, start, start + PAGE - 1, 'WITHSCORES'), 2
+      page, index = redis.call('ZRANGE', key, int(start), int(start + PAGE - 1), 'WITHSCORES'), 2
       if #page == 0 then return nil end
     end
-    return page[index - 1], tonumber(page[index])
+    return page[index - 1], page[index] + 0
   end, function(n)  -- up to n tenants after the latest one given, of the page read
     local ahead = {}
     for i = index + 1, math.min(#page, index + 2 * n), 2 do table.insert(ahead, page[i]) end
@@ -753,7 +795,7 @@ local function pick_on(engine_id, pool, lease_s, weights, ask, engine, usage)
       local goal, idle = quota, 0
       if held > quota then goal, idle = ceiling, 1 end
       wanted = {tenant = tenant, idle = idle, want = goal - leased, need = held - leased}
-      redis.call('HSET', k_lease(tenant), 'asked_at', fmt(NOW))
+      redis.call('HSET', k_lease(tenant), 'asked_at', now_s())
     end
     return nil, held <= ceiling
   end
@@ -873,8 +915,8 @@ local function pick_on(engine_id, pool, lease_s, weights, ask, engine, usage)
   -- The job's stamp is its tenant's counter before its charge: its place in the fair queue's
   -- order, which the engine keeps among the jobs waiting there for a seat (engine_priority).
   if weight <= 0 then weight = 1 end
-  local counter = get_counter(pool, cls, tenant)
-  job.stamp = fmt(counter)
+  local counter
+  counter, job.stamp = get_counter(pool, cls, tenant)
   job.charge_weight = fmt(weight)
   job.charged = move_counter(job, token_charge(job, num(job.prompt_tokens), out), counter)
   unqueue(job_id, job)
@@ -893,15 +935,16 @@ local function pick_on(engine_id, pool, lease_s, weights, ask, engine, usage)
   redis.call('HSET', k_clock(pool), unpack(times))
 
   redis.call('HINCRBY', k_lease(tenant), 'held', job.held)
-  redis.call('HINCRBY', k_engine_use(engine_id), 'reserved', job.reserved)
-  redis.call('HINCRBY', k_engine_use(engine_id), 'inflight', int(seats(job)))
+  local use, seats_taken = k_engine_use(engine_id), int(seats(job))
+  redis.call('HINCRBY', use, 'reserved', job.reserved)
+  redis.call('HINCRBY', use, 'inflight', seats_taken)
   if cls ~= 'interactive' then
-    redis.call('HINCRBY', k_engine_use(engine_id), cls, int(seats(job)))
+    redis.call('HINCRBY', use, cls, seats_taken)
   end
   local attempt = num(job.attempt) + 1
   local lease_deadline = NOW + lease_s
   job.state, job.engine, job.attempt = 'running', engine_id, int(attempt)
-  job.lease_deadline, job.picked_at = fmt(lease_deadline), fmt(NOW)
+  job.lease_deadline, job.picked_at = fmt(lease_deadline), now_s()
   redis.call('HSET', k_job(job_id), 'charge_weight', job.charge_weight, 'charged', job.charged,
     'stamp', job.stamp,
     'state', job.state, 'engine', engine_id, 'attempt', job.attempt,
@@ -972,7 +1015,7 @@ local function wake_idle_loop(pool)
   local idle = k_idle_loops(pool)
   local popped = redis.call('ZPOPMAX', idle)
   if #popped == 0 then return false end
-  if tonumber(popped[2]) <= NOW then  -- the latest stopped waiting, and so did the others
+  if popped[2] + 0 <= NOW then  -- the latest stopped waiting, and so did the others
     redis.call('DEL', idle)
     return false
   end
@@ -985,6 +1028,7 @@ end
 -- New work in the pool: wake an idle loop, else ask the caller to summon one (a Celery
 -- message), unless one summoned less than `summon_s` ago has not started yet: it fans out
 -- when it starts (see pick_reply), so a burst costs one message, not one per job.
+-- `summon_s` is a string, as the caller got it: a number would be formatted again.
 -- Returns 'woke', 'summon' or 'summoned'.
 local function summon_loop(pool, summon_s)
   if wake_idle_loop(pool) then return 'woke' end
@@ -1046,11 +1090,11 @@ end
 -- A dispatch loop's arguments to a pick, from ARGV[first..]: token ('' = not a loop),
 -- idle_s, starting ('1' / ''), summon_s.
 local function loop_from(first)
-  return {token = ARGV[first], idle_s = tonumber(ARGV[first + 1]),
-          starting = ARGV[first + 2] == '1', summon_s = tonumber(ARGV[first + 3])}
+  return {token = ARGV[first], idle_s = numor(ARGV[first + 1], nil),
+          starting = ARGV[first + 2] == '1', summon_s = ARGV[first + 3]}
 end
 
 local function weights_from(first)
-  return {interactive = tonumber(ARGV[first]), standard = tonumber(ARGV[first + 1]),
-          offline = tonumber(ARGV[first + 2])}
+  return {interactive = ARGV[first] + 0, standard = ARGV[first + 1] + 0,
+          offline = ARGV[first + 2] + 0}
 end

@@ -6,5 +6,5 @@
 -- is passed over).
 -- Returns the job (its id, whether to summon a loop, its fields: pick_reply), false when
 -- nothing may run now, or what a tenant's lease should grow by.
-return pick_reply(ARGV[4], ARGV[5], tonumber(ARGV[6]), weights_from(7), loop_from(10),
+return pick_reply(ARGV[4], ARGV[5], ARGV[6] + 0, weights_from(7), loop_from(10),
   ARGV[14] == '1')

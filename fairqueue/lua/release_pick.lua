@@ -14,8 +14,8 @@
 -- or load that changed) wakes a waiting loop, whose pick looks at every engine; housekeeping's
 -- kick (every GPUSHARE_HOUSEKEEPING_INTERVAL_S) finds whatever else is left. An engine no
 -- longer in the pool gets nothing (false), not an error.
-local released, job, engine = release_job(ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6]),
-  ARGV[7], tonumber(ARGV[21]))
+local released, job, engine = release_job(ARGV[4], ARGV[5], ARGV[6], ARGV[7],
+  numor(ARGV[21], nil))
 tell_last_words(ARGV[4], ARGV[18], ARGV[19], ARGV[20], job.inbox)
 local engine_id, ran_on = ARGV[9], job.engine
 if ARGV[22] ~= '1' then
@@ -26,7 +26,7 @@ else
   if engine.pool ~= ARGV[8] then return {released, false} end
   engine_id = ran_on
 end
-local next_job = pick_reply(ARGV[8], engine_id, tonumber(ARGV[10]), weights_from(11),
+local next_job = pick_reply(ARGV[8], engine_id, ARGV[10] + 0, weights_from(11),
   loop_from(14), true, engine)
 if type(next_job) == 'table' and next_job.err then return next_job end  -- an error reply
 return {released, next_job}
