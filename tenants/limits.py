@@ -52,21 +52,25 @@ WINDOW_S = 60
 _ADMIT = """
 -- KEYS[1]: the tenant's slot prefix (`tenant_slot`): every key the script touches starts
 -- with it, so on Redis Cluster the call runs on the one primary that serves the tenant.
+-- Numbers are converted once (`+ 0`; tonumber() converts a string twice), and given to Redis
+-- as strings: Redis would format a Lua number again.
 local slot = KEYS[1]
-local now, rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local tokens, budget, budget_key = tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+local now, rpm, tpm = ARGV[1] + 0, ARGV[2] + 0, ARGV[3] + 0
+local tokens, budget, budget_key = ARGV[4] + 0, ARGV[5] + 0, ARGV[6]
 local seeded = ARGV[7] == '1'
 -- The key's own minute limits, where it has them ('' : none): counted beside its tenant's.
-local key_id, key_rpm, key_tpm = ARGV[8] or '', tonumber(ARGV[9] or 0), tonumber(ARGV[10] or 0)
+local key_id, key_rpm, key_tpm = ARGV[8] or '', (ARGV[9] or 0) + 0, (ARGV[10] or 0) + 0
 local minute = math.floor(now / 60)
 local overlap = 1 - (now - minute * 60) / 60
+local this_minute = string.format('%d', minute)
+local last_minute = string.format('%d', minute - 1)
 -- Each window's count is read once: this minute's and the last one's, per kind and owner.
 local counts = {}
 local function read(owner, kind)
-  local this = slot .. owner .. kind .. ':' .. minute
-  local last = slot .. owner .. kind .. ':' .. (minute - 1)
+  local this = slot .. owner .. kind .. ':' .. this_minute
+  local last = slot .. owner .. kind .. ':' .. last_minute
   local values = redis.call('MGET', this, last)
-  return {key = this, this = tonumber(values[1] or 0), last = tonumber(values[2] or 0),
+  return {key = this, this = (values[1] or 0) + 0, last = (values[2] or 0) + 0,
           new = not values[1]}
 end
 for _, kind in ipairs({'req', 'tok'}) do
@@ -86,16 +90,16 @@ elseif key_id ~= '' and key_tpm > 0 and recent('keytok') + tokens > key_tpm then
 elseif budget > 0 then
   local used = redis.call('GET', budget_key)
   if not used and not seeded then return {'seed', 0} end
-  if tonumber(used or 0) + tokens > budget then verdict = 'budget' end
+  if (used or 0) + tokens > budget then verdict = 'budget' end
 end
 if verdict == 'ok' then
   for kind, count in pairs(counts) do
     local req = kind == 'req' or kind == 'keyreq'
-    count.this = redis.call('INCRBY', count.key, req and 1 or tokens)
+    count.this = redis.call('INCRBY', count.key, req and '1' or ARGV[4])
     -- A minute's counter lives three minutes from its first count (one script made it).
-    if count.new then redis.call('EXPIRE', count.key, 180) end
+    if count.new then redis.call('EXPIRE', count.key, '180') end
   end
-  if budget > 0 then redis.call('INCRBY', budget_key, tokens) end
+  if budget > 0 then redis.call('INCRBY', budget_key, ARGV[4]) end
 end
 -- What a minute limit leaves (this request counted if admitted), and in how many ms the
 -- window holds nothing again: a minute's count weighs on until the end of the next one.
@@ -226,7 +230,7 @@ class _Check:
         missing one counts as zero rather than asking for a seed again."""
         tenant, key = self.tenant, self.api_key
         return [repr(self.moment), tenant.rpm_limit or 0,
-                tenant.tpm_limit or 0, self.estimated_tokens, tenant.token_budget or 0,
+                tenant.tpm_limit or 0, int(self.estimated_tokens), tenant.token_budget or 0,
                 self.budget_key or "", "1" if seeded else "",
                 key.pk if key else "", (key.rpm_limit or 0) if key else 0,
                 (key.tpm_limit or 0) if key else 0]  # fmt: skip
