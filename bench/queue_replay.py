@@ -27,6 +27,14 @@ Per shape (engines in the pool x tenants):
     .venv/bin/python bench/queue_replay.py            # the issue's shapes
     .venv/bin/python bench/queue_replay.py --engines 1,128 --tenants 100 --requests 2000
     .venv/bin/python bench/queue_replay.py --cluster  # the same on a cluster of 3 primaries
+    .venv/bin/python bench/queue_replay.py --clients 4  # 4 processes replaying at once
+
+One client makes one call at a time, so Redis waits for each call and wakes up for it: the
+kernel's share of a call is then the largest it gets. A fleet's web processes and engines'
+workers call together, and a busy Redis serves several calls per wake-up. With --clients N,
+N processes (forked once every seat is busy) each take a share of the running jobs and of
+the requests, and replay them at once; every job's admission is settled from its payload,
+as a worker does, whichever process picked it.
 
 With --cluster, the same replay runs on a Redis Cluster of --primaries primaries (3) this
 script starts (tests/support/redis_cluster.py: free ports, no persistence), through redis-py's
@@ -187,6 +195,11 @@ def server_cpu_s(node: Any) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def server_sys_s(node: Any) -> float:
+    """The server's CPU in the kernel: its calls' reads, writes and waits for the next."""
+    return float(node.info("cpu")["used_cpu_sys"])
+
+
 def used_memory(nodes: list[Any]) -> int:
     return sum(int(node.info("memory")["used_memory"]) for node in nodes)
 
@@ -231,6 +244,7 @@ class Replay:
         pools: list[str],
         tenant_pools: int = 1,
         reservation: str = "predict",
+        clients: int = 1,
     ) -> None:
         from fairqueue.domain import EnginePolicy, TenantPolicy
         from tenants.models import Tenant
@@ -279,7 +293,7 @@ class Replay:
         self.left_empty = 0
         self.rng = random.Random(7)
         self.inboxes = {pool: self.queue.keys.inbox(pool, INBOX) for pool in pools}
-        self.admissions: dict[str, Any] = {}
+        self.clients = clients
         self.breakdown = Breakdown(self.nodes, False)
         # The dispatcher's turn picks for the engine its job ran on (a tree from before that
         # had no choice: it looked at every engine of the pool).
@@ -316,14 +330,13 @@ class Replay:
                    "tenant_id": i + 1, "model": pool, "admission": admission.settling_fields(),
                    "received_at": time.time()}  # fmt: skip
         summary = {k: v for k, v in payload.items() if k != "body"}
-        job, _ = self.breakdown.step("enqueue", lambda: self.queue.enqueue_summoning(
+        self.breakdown.step("enqueue", lambda: self.queue.enqueue_summoning(
             tenant=self.slugs[i], pool=pool, request_class="standard", prompt_tokens=512,
             max_tokens=88, kv_bytes=KV_BYTES, kv_floor=KV_FLOOR, kv_token=KV_TOKEN,
             payload=json.dumps(payload),
             summary=json.dumps(summary), inbox=inbox,
             **({"affinity": f"tenant:{i + 1}"} if self.affine else {}),
         ))  # fmt: skip
-        self.admissions[job.job_id] = admission
 
     def fill_one(self, pool: str) -> Any:
         job = self.queue.pick(pool)
@@ -364,7 +377,7 @@ class Replay:
         """The job's run ends: released with its last words and the pool's next pick; the
         web reads its answer and settles its limits."""
         from fairqueue.queue import LastWords
-        from tenants.limits import Settlements, limits_settle
+        from tenants.limits import Admission, Settlements, limits_settle
         from tenants.usage_buffer import outbox
 
         done = {
@@ -388,7 +401,8 @@ class Replay:
             job, 500, 80, pool=job.pool, last_words=words, **self.turn
         ))  # fmt: skip
         self.client.lpop(self.inboxes[job.pool], 16)
-        admission = self.admissions.pop(job.job_id)
+        # What its worker settles, from the job's payload, as the worker reads it.
+        admission = Admission(**json.loads(job.payload)["admission"])
         if self.settlements is None:  # a tree from before: each request settled at its end
             self.breakdown.step("settle", lambda: limits_settle(admission=admission,
                                                                 used_tokens=580))  # fmt: skip
@@ -405,8 +419,85 @@ class Replay:
                 self.flushes += 1
                 self.breakdown.step("settle", settlements.flush)
 
+    def turns(self, requests: int, running: list[Any], keep_s: float, started: float) -> None:
+        """`requests` requests' lives, one after the other: each ends a running job, whose
+        worker picks the next, and a new one arrives."""
+        housekept = flushed = time.perf_counter()
+        for turn in range(requests):
+            if time.perf_counter() - started > keep_s:
+                raise RuntimeError("the replay outlasted --keep-s: finished jobs expired in it")
+            self.arrive()
+            job = running.pop(self.rng.randrange(len(running)))
+            next_job = self.end(job)
+            if next_job is not None:
+                running.append(next_job)
+            elif self.tenant_pools == 1:
+                raise RuntimeError("a released seat was not refilled")
+            else:  # until housekeeping brings its tenants' leases back
+                self.empty.append(job.pool)
+                self.left_empty += 1
+            if time.perf_counter() - flushed >= WATCH_S:
+                flushed = time.perf_counter()
+                self.flush_settlements()
+            if turn % 100 == 99:  # the ledger's flusher
+                for key in self.pending_keys:
+                    self.client.ltrim(key, 100, -1)
+            if self.tenant_pools > 1 and time.perf_counter() - housekept >= HOUSEKEEPING_S:
+                housekept = time.perf_counter()
+                self.housekeeping(running)
+        self.flush_settlements()
+
+    def turns_at_once(
+        self, requests: int, running: list[Any], keep_s: float, started: float
+    ) -> None:
+        """The same turns from `clients` processes at once, as a fleet's web processes and
+        engines' workers call Redis: each takes a share of the running jobs and of the
+        requests. Redis then serves several calls per wake-up, as it does under load, rather
+        than waking for each call of one client."""
+        import multiprocessing
+
+        context = multiprocessing.get_context("fork")
+        shares = [running[k :: self.clients] for k in range(self.clients)]
+        pipes, children = [], []
+        for k, share in enumerate(shares):
+            reader, writer = context.Pipe(duplex=False)
+            child = context.Process(target=self._turns_of_child,
+                                    args=(k, requests // self.clients, share, keep_s, started,
+                                          writer))  # fmt: skip
+            child.start()
+            pipes.append(reader)
+            children.append(child)
+        failures = []
+        for child, reader in zip(children, pipes, strict=True):
+            result = reader.recv() if reader.poll(keep_s + 60) else {"error": "no answer"}
+            child.join(10)
+            if "error" in result:
+                failures.append(result["error"])
+            else:
+                self.flushes += result["flushes"]
+                self.left_empty += result["left_empty"]
+        if failures:
+            raise RuntimeError(f"a client of the replay failed: {failures[0]}")
+
+    def _turns_of_child(
+        self, k: int, requests: int, share: list[Any], keep_s: float, started: float, pipe: Any
+    ) -> None:
+        # A forked child: redis-py opens its own connections (its pools see the new pid).
+        try:
+            self.rng = random.Random(7 + k)
+            self.flushes = self.left_empty = 0
+            self.settlements = {} if self.settlements is not None else None
+            self.turns(requests, share, keep_s, started)
+            pipe.send({"flushes": self.flushes, "left_empty": self.left_empty})
+        except BaseException as exc:  # told to the parent, which raises it
+            pipe.send({"error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            pipe.close()
+            os._exit(0)
+
     def run(self, requests: int, keep_s: int, breakdown: bool) -> dict[str, Any]:
         client, nodes, counter = self.client, self.nodes, self.target.counter
+        requests -= requests % self.clients  # an equal share for each client
         # One request's whole life first (in each pool): every script is loaded (a script's
         # text is Redis memory too), and the pool's own keys exist.
         for j, pool in enumerate(self.pools):
@@ -437,36 +528,18 @@ class Replay:
             ]
         commands = [command_stats([node]) for node in nodes]
         cpu = [server_cpu_s(node) for node in nodes]
+        kernel = sum(server_sys_s(node) for node in nodes)
         started = time.perf_counter()
-        housekept = flushed = started
         self.breakdown.on = breakdown
         self.rebalanced = self.flushes = 0
         if counter is not None:
             counter.count(True)
-        for turn in range(requests):
-            if time.perf_counter() - started > keep_s:
-                raise RuntimeError("the replay outlasted --keep-s: finished jobs expired in it")
-            self.arrive()
-            job = running.pop(self.rng.randrange(len(running)))
-            next_job = self.end(job)
-            if next_job is not None:
-                running.append(next_job)
-            elif self.tenant_pools == 1:
-                raise RuntimeError("a released seat was not refilled")
-            else:  # until housekeeping brings its tenants' leases back
-                self.empty.append(job.pool)
-                self.left_empty += 1
-            if time.perf_counter() - flushed >= WATCH_S:
-                flushed = time.perf_counter()
-                self.flush_settlements()
-            if turn % 100 == 99:  # the ledger's flusher
-                for key in self.pending_keys:
-                    client.ltrim(key, 100, -1)
-            if self.tenant_pools > 1 and time.perf_counter() - housekept >= HOUSEKEEPING_S:
-                housekept = time.perf_counter()
-                self.housekeeping(running)
-        self.flush_settlements()
+        if self.clients == 1:
+            self.turns(requests, running, keep_s, started)
+        else:
+            self.turns_at_once(requests, running, keep_s, started)
         replay_s = time.perf_counter() - started
+        kernel_ms = (sum(server_sys_s(node) for node in nodes) - kernel) / requests * 1000
         if counter is not None:
             counter.count(False)
         counting = counter is not None and counter.counting
@@ -503,7 +576,7 @@ class Replay:
             sample_bytes = sum(int(client.memory_usage(key) or 0) for key in samples)
             after = settled_memory(nodes, keys_in_flight) - sample_bytes
             per_finished_after = max(0.0, (after - in_flight) / requests)
-        return {"usec": usec, "cpu_ms": cpu_ms, "per_waiting": per_waiting,
+        return {"usec": usec, "cpu_ms": cpu_ms, "kernel_ms": kernel_ms, "per_waiting": per_waiting,
                 "per_running": per_running, "per_finished": per_finished,
                 "per_finished_after": per_finished_after,
                 "per_tenant": sample_bytes / self.shape.tenants, "commands": spent,
@@ -579,6 +652,8 @@ def print_shape(shape: Shape, result: dict[str, Any], instructions: bool) -> Non
           flush=True)  # fmt: skip
     if instructions:
         print(f"{'':>15} | instructions per request: {result['instructions']:,.0f}")
+    else:
+        print(f"{'':>15} | of the cpu column, in the kernel: {result['kernel_ms']:.3f} ms/req")
     if result["settled_per_flush"]:
         print(f"{'':>15} | requests settled per flush of a worker's settlements: "
               f"{result['settled_per_flush']:.1f}")  # fmt: skip
@@ -635,6 +710,11 @@ def main() -> None:
     parser.add_argument("--no-admit", action="store_true",
                         help="skip the limits' admission (its settle still runs), as the "
                         "cluster replay must: the same lifecycle on both")  # fmt: skip
+    parser.add_argument("--clients", type=int, default=1,
+                        help="processes that replay at once, each with a share of the running "
+                        "jobs and of the requests, as a fleet's web processes and workers "
+                        "call Redis together (1: one call at a time, and Redis waits for "
+                        "each)")  # fmt: skip
     parser.add_argument("--cluster", action="store_true",
                         help="replay on a Redis Cluster of its own (--primaries), through "
                         "redis-py's RedisCluster")  # fmt: skip
@@ -652,6 +732,10 @@ def main() -> None:
         args.pools = args.primaries
     if args.cluster and args.instructions:
         parser.error("--instructions counts one redis-server: not with --cluster")
+    if args.clients < 1:
+        parser.error("--clients is at least 1")
+    if args.clients > 1 and (args.breakdown or args.tenant_pools > 1):
+        parser.error("--clients replays one pool per tenant, without --breakdown")
 
     shapes = [Shape(int(e), 100) for e in args.engines.split(",")]
     shapes += [Shape(8, int(t)) for t in args.tenants.split(",") if int(t) != 100]
@@ -675,18 +759,27 @@ def main() -> None:
     skip = "--no-admit" if args.no_admit else ""
     target = Target(client, fair_queue(), [client], counter=server, skip_admit=skip)
     print(f"redis-server {server.version}, {args.requests} requests per shape, "
-          f"{SEATS_PER_ENGINE} seats per engine, a 2 KB body each")  # fmt: skip
+          f"{SEATS_PER_ENGINE} seats per engine, a 2 KB body each, "
+          f"{clients_said(args.clients)}")  # fmt: skip
     if skip:
         print(f"skipped: the limits' admission (limits_admit), {skip}; its settle still runs, "
               "on a counter the admission did not write")  # fmt: skip
     print_header()
     try:
         for shape in shapes:
-            replay = Replay(target, shape, [POOL], reservation=args.reservation)
+            replay = Replay(
+                target, shape, [POOL], reservation=args.reservation, clients=args.clients
+            )
             result = replay.run(args.requests, args.keep_s, args.breakdown)
             print_shape(shape, result, args.instructions)
     finally:
         server.stop()
+
+
+def clients_said(clients: int) -> str:
+    if clients == 1:
+        return "replayed by one client, one call at a time"
+    return f"replayed by {clients} clients at once"
 
 
 def print_header() -> None:
@@ -742,7 +835,7 @@ def replay_cluster(args: argparse.Namespace, shapes: list[Shape], workdir: Path)
               f"{len(pools)} pools ({', '.join(pools)}), tenant i sending to pool i mod "
               f"{len(pools)}{sends}; {args.requests} requests per shape, "
               f"{SEATS_PER_ENGINE} seats per engine, a 2 KB body each; engines are per "
-              "pool")  # fmt: skip
+              f"pool; {clients_said(args.clients)}")  # fmt: skip
         if skip:
             print(f"skipped: the limits' admission (limits_admit): Redis Cluster refused it: "
                   f"{skip}; its settle still runs (limits_settle, one key: the tenant's tokens "
@@ -755,7 +848,7 @@ def replay_cluster(args: argparse.Namespace, shapes: list[Shape], workdir: Path)
         )
         print_header()
         for shape in shapes:
-            replay = Replay(target, shape, pools, args.tenant_pools, args.reservation)
+            replay = Replay(target, shape, pools, args.tenant_pools, args.reservation, args.clients)
             result = replay.run(args.requests, args.keep_s, args.breakdown)
             print_shape(shape, result, False)
             if args.tenant_pools > 1:
