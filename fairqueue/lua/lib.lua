@@ -14,10 +14,11 @@
 --
 -- KEYS, ARGV, P, T, KEEP, NOW, LEFT_BACKLOG, NOW_S and TAGS belong to the call running now:
 -- Redis runs one call at a time, and each call sets them first (`begin`, `begin_keyed`), so
--- no call sees another's. NOW_S (NOW as written: now_s) and TAGS (the pools' key prefixes:
--- tag) are made once per call where it needs them: formatting a number, or joining strings,
--- costs a call more than the table lookup that reuses it. LEFT_BACKLOG counts the tenants each backlog lost in the call (leave_backlog),
--- by which a scan of a backlog in pages finds its next page (backlogged).
+-- no call sees another's. LEFT_BACKLOG counts the tenants each backlog lost in the call
+-- (leave_backlog), by which a scan of a backlog in pages finds its next page (backlogged).
+-- NOW_S (NOW as written: now_s) and TAGS (the pools' key prefixes: tag) are made once per
+-- call, where it first needs them: formatting a number, or joining strings, costs more than
+-- the table lookup that reuses it.
 local KEYS, ARGV, P, T, KEEP, NOW, LEFT_BACKLOG, NOW_S, TAGS
 
 local function begin(keys, argv)
